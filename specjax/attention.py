@@ -1,0 +1,57 @@
+"""Grouped-query attention over the KV cache: the pure-JAX reference, and the Hopper dispatch.
+
+``attend`` is what the model calls. On Hopper GPUs it uses the Pallas kernels in
+``pallas_kernels/`` where they apply; everywhere else (and whenever
+``SPECJAX_ATTENTION=reference``) it runs ``attention_reference``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+
+
+def attention_reference(q_BTHd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array,
+                        q_pos_BT: jax.Array, kv_pos_BS: jax.Array | None = None) -> jax.Array:
+    """Causal GQA attention: query at position p sees key slots s with kv_pos[s] <= p.
+
+    Softmax statistics in float32; returns [B, T, H, d] in the query dtype.
+    """
+    B, T, H, d = q_BTHd.shape
+    S, G = k_BSGd.shape[1], k_BSGd.shape[2]
+    q = q_BTHd.reshape(B, T, G, H // G, d)
+    s_BGRTS = jnp.einsum("btgrd,bsgd->bgrts", q, k_BSGd, preferred_element_type=jnp.float32)
+    s_BGRTS = s_BGRTS * (1.0 / jnp.sqrt(jnp.float32(d)))
+    if kv_pos_BS is None:
+        kv_pos_BS = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
+    mask_BTS = kv_pos_BS[:, None, :] <= q_pos_BT[:, :, None]
+    s_BGRTS = jnp.where(mask_BTS[:, None, None], s_BGRTS, -jnp.inf)
+    p = jax.nn.softmax(s_BGRTS, axis=-1).astype(v_BSGd.dtype)
+    o = jnp.einsum("bgrts,bsgd->btgrd", p, v_BSGd, preferred_element_type=jnp.float32)
+    return o.reshape(B, T, H, d).astype(q_BTHd.dtype)
+
+
+def _use_kernels() -> bool:
+    if os.environ.get("SPECJAX_ATTENTION", "auto") == "reference":
+        return False
+    try:
+        dev = jax.devices()[0]
+    except RuntimeError:
+        return False
+    return dev.platform == "gpu" and getattr(dev, "compute_capability", "") in ("9.0", "9.0a")
+
+
+def attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT):
+    """The model's attention entry point (kernel dispatch happens here, nowhere else)."""
+    if _use_kernels():
+        try:
+            from pallas_kernels import dispatch
+        except ImportError:
+            dispatch = None
+        if dispatch is not None:
+            out = dispatch.attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT)
+            if out is not None:
+                return out
+    return attention_reference(q_BTHd, k_BSGd, v_BSGd, q_pos_BT)

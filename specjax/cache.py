@@ -1,0 +1,62 @@
+"""The KV cache: a pytree that functions return, never mutate.
+
+Layout per layer: ``k_BSGd`` / ``v_BSGd``. Slot s holds the token at position s, so the causal
+mask alone (key slot <= query position) decides what a query sees; slots at or past ``lengths_B``
+are stale and are overwritten by the next write. Rolling back a rejected draft is therefore just
+moving ``lengths_B`` backwards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from specjax.config import ModelConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+    k: tuple[jax.Array, ...]  # L x [B, S, G, d]
+    v: tuple[jax.Array, ...]  # L x [B, S, G, d]
+    lengths_B: jax.Array  # int32 [B]: valid slots per sequence (= next write position)
+
+    @property
+    def batch(self) -> int:
+        return self.lengths_B.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[1]
+
+    def replace(self, **kw) -> "KVCache":
+        return dataclasses.replace(self, **kw)
+
+
+def init_cache(cfg: ModelConfig, batch: int, capacity: int, dtype=jnp.float32, n_layers: int | None = None) -> KVCache:
+    """An empty cache of ``capacity`` slots per sequence (``n_layers`` defaults to the model's)."""
+    if capacity <= 0 or batch <= 0:
+        raise ValueError(f"cache needs batch > 0 and capacity > 0, got batch={batch}, capacity={capacity}")
+    L = cfg.n_layers if n_layers is None else n_layers
+    shape = (batch, capacity, cfg.n_kv_heads, cfg.head_dim)
+    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(L))
+    return KVCache(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(L)),
+                   lengths_B=jnp.zeros((batch,), jnp.int32))
+
+
+def write(cache_BSGd: jax.Array, new_BTGd: jax.Array, start_B: jax.Array) -> jax.Array:
+    """Write T new rows per sequence at that sequence's own start slot (ragged batch)."""
+    def one(c_SGd, x_TGd, s):
+        return jax.lax.dynamic_update_slice(c_SGd, x_TGd.astype(c_SGd.dtype), (s, 0, 0))
+    return jax.vmap(one)(cache_BSGd, new_BTGd, start_B)
+
+
+def rollback(cache: KVCache, lengths_B: jax.Array) -> KVCache:
+    """Keep only the first ``lengths_B`` slots of each sequence (later slots become stale)."""
+    return cache.replace(lengths_B=jnp.minimum(cache.lengths_B, lengths_B).astype(jnp.int32))
+
+
+def set_lengths(cache: KVCache, lengths_B: jax.Array) -> KVCache:
+    return cache.replace(lengths_B=lengths_B.astype(jnp.int32))

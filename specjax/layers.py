@@ -1,0 +1,56 @@
+"""Small pure building blocks: RMSNorm, rotary embeddings (with Llama-3 scaling), SwiGLU."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.config import ModelConfig
+
+
+def rms_norm(x_BTD: jax.Array, w_D: jax.Array, eps: float) -> jax.Array:
+    """HF-exact RMSNorm: statistics in float32, scale applied after casting back."""
+    x32 = x_BTD.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return w_D * y.astype(x_BTD.dtype)
+
+
+def inv_frequencies(cfg: ModelConfig) -> np.ndarray:
+    """Rotary inverse frequencies [d/2] in float32, with Llama-3 scaling if configured."""
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    rs = cfg.rope_scaling
+    if rs is not None:
+        low_wavelen = rs.original_max_position_embeddings / rs.low_freq_factor
+        high_wavelen = rs.original_max_position_embeddings / rs.high_freq_factor
+        wavelen = 2 * math.pi / inv
+        smooth = (rs.original_max_position_embeddings / wavelen - rs.low_freq_factor) / (
+            rs.high_freq_factor - rs.low_freq_factor)
+        scaled = np.where(wavelen > low_wavelen, inv / rs.factor, inv)
+        mid = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
+        inv = np.where(mid, (1 - smooth) * inv / rs.factor + smooth * inv, scaled)
+    return inv.astype(np.float32)
+
+
+def rope_tables(cfg: ModelConfig, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """cos/sin tables [B, T, d] in float32 for HF's rotate-half convention."""
+    ang = positions_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_frequencies(cfg))
+    ang = jnp.concatenate([ang, ang], axis=-1)
+    return jnp.cos(ang), jnp.sin(ang)
+
+
+def apply_rope(x_BTNd: jax.Array, cos_BTd: jax.Array, sin_BTd: jax.Array) -> jax.Array:
+    half = x_BTNd.shape[-1] // 2
+    rot = jnp.concatenate([-x_BTNd[..., half:], x_BTNd[..., :half]], axis=-1)
+    cos = cos_BTd[:, :, None, :].astype(x_BTNd.dtype)
+    sin = sin_BTd[:, :, None, :].astype(x_BTNd.dtype)
+    return x_BTNd * cos + rot * sin
+
+
+def swiglu(x_BTD: jax.Array, w_gate_up_DF2: jax.Array, w_down_FD: jax.Array) -> jax.Array:
+    gu = x_BTD @ w_gate_up_DF2
+    gate, up = jnp.split(gu, 2, axis=-1)
+    return (jax.nn.silu(gate) * up) @ w_down_FD

@@ -1,0 +1,125 @@
+"""The Llama-family decoder as pure functions over a params pytree.
+
+params = {
+  "embed": [V, D],
+  "layers": [ {"attn_norm": [D], "wqkv": [D, (H+2G)d], ("bqkv": [(H+2G)d] for qwen2),
+               "wo": [Hd, D], "mlp_norm": [D], "w_gate_up": [D, 2F], "w_down": [F, D]} ] * L,
+  "final_norm": [D],
+  "lm_head": [D, V]            # absent when cfg.tie_embeddings
+}
+q/k/v and gate/up are stored fused (one matmul each); loaders split/join names.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from specjax import attention
+from specjax import cache as kv
+from specjax.config import ModelConfig
+from specjax.layers import apply_rope, rms_norm, rope_tables, swiglu
+
+
+def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32, scale: float = 0.02) -> dict:
+    """Random parameters (tests, benchmarks of model shapes)."""
+    D, F, V = cfg.d_model, cfg.ffn_dim, cfg.vocab_size
+    qkv = cfg.q_dim + 2 * cfg.kv_dim
+    keys = iter(jax.random.split(key, 4 + 5 * cfg.n_layers))
+
+    def w(shape):
+        return (scale * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
+
+    layers = []
+    for _ in range(cfg.n_layers):
+        lp = {"attn_norm": jnp.ones((D,), dtype), "wqkv": w((D, qkv)), "wo": w((cfg.q_dim, D)),
+              "mlp_norm": jnp.ones((D,), dtype), "w_gate_up": w((D, 2 * F)), "w_down": w((F, D))}
+        if cfg.qkv_bias:
+            lp["bqkv"] = w((qkv,))
+        layers.append(lp)
+    params = {"embed": w((V, D)), "layers": layers, "final_norm": jnp.ones((D,), dtype)}
+    if not cfg.tie_embeddings:
+        params["lm_head"] = w((D, V))
+    return params
+
+
+def embed(params: dict, tokens_BT: jax.Array) -> jax.Array:
+    return jnp.take(params["embed"], tokens_BT, axis=0)
+
+
+def lm_head(params: dict, cfg: ModelConfig, h_BTD: jax.Array) -> jax.Array:
+    """Final-normed hidden states -> float32 logits."""
+    w_DV = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+    return jnp.einsum("btd,dv->btv", h_BTD, w_DV, preferred_element_type=jnp.float32)
+
+
+def attention_block(lp: dict, cfg: ModelConfig, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B):
+    """One attention sub-layer; writes this step's K/V into the cache at ``start_B``."""
+    B, T, _ = x_BTD.shape
+    H, G, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    qkv = x_BTD @ lp["wqkv"]
+    if "bqkv" in lp:
+        qkv = qkv + lp["bqkv"]
+    q, k, v = jnp.split(qkv, [cfg.q_dim, cfg.q_dim + cfg.kv_dim], axis=-1)
+    q_BTHd = apply_rope(q.reshape(B, T, H, d), cos, sin)
+    k_BTGd = apply_rope(k.reshape(B, T, G, d), cos, sin)
+    v_BTGd = v.reshape(B, T, G, d)
+    k_BSGd = kv.write(k_BSGd, k_BTGd, start_B)
+    v_BSGd = kv.write(v_BSGd, v_BTGd, start_B)
+    o_BTHd = attention.attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT)
+    return o_BTHd.reshape(B, T, H * d) @ lp["wo"], k_BSGd, v_BSGd
+
+
+def decoder_layer(lp, cfg, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B):
+    a, k_BSGd, v_BSGd = attention_block(lp, cfg, rms_norm(x_BTD, lp["attn_norm"], cfg.norm_eps),
+                                        cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B)
+    x_BTD = x_BTD + a
+    x_BTD = x_BTD + swiglu(rms_norm(x_BTD, lp["mlp_norm"], cfg.norm_eps), lp["w_gate_up"], lp["w_down"])
+    return x_BTD, k_BSGd, v_BSGd
+
+
+def forward(params: dict, cfg: ModelConfig, tokens_BT: jax.Array, cache: kv.KVCache | None = None, *,
+            taps: Sequence[int] = (), logits_index_BN: jax.Array | None = None,
+            num_layers: int | None = None, compute_logits: bool = True):
+    """Run the decoder on T new tokens per sequence, appended at ``cache.lengths_B``.
+
+    Returns ``(logits, taps, cache)``:
+      logits  float32 [B, T, V] (or [B, N, V] at ``logits_index_BN``; None if not compute_logits);
+      taps    tuple of [B, T, D] hidden states, one per requested index: i < L is the input of
+              layer i (0 = embeddings), i == L the final-normed hidden state the LM head sees;
+      cache   with the new K/V written and lengths advanced by T (callers roll back as needed).
+    ``cache=None`` runs a plain causal forward over the T tokens (training / scoring).
+    ``num_layers`` runs only the first N layers (self-speculative early exit), then norm + head.
+    """
+    B, T = tokens_BT.shape
+    L = cfg.n_layers if num_layers is None else num_layers
+    if not 0 < L <= cfg.n_layers:
+        raise ValueError(f"num_layers={num_layers} must be in [1, {cfg.n_layers}]")
+    for i in taps:
+        if not 0 <= i <= cfg.n_layers:
+            raise ValueError(f"tap {i} out of range [0, {cfg.n_layers}]")
+    if cache is None:
+        cache = kv.init_cache(cfg, B, T, params["embed"].dtype, n_layers=L)
+    start_B = cache.lengths_B
+    q_pos_BT = start_B[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+    cos, sin = rope_tables(cfg, q_pos_BT)
+    x_BTD = embed(params, tokens_BT)
+    tapped = {}
+    new_k, new_v = list(cache.k), list(cache.v)
+    for i in range(L):
+        if i in taps:
+            tapped[i] = x_BTD
+        x_BTD, new_k[i], new_v[i] = decoder_layer(params["layers"][i], cfg, x_BTD, cos, sin, q_pos_BT,
+                                                  cache.k[i], cache.v[i], start_B)
+    h_BTD = rms_norm(x_BTD, params["final_norm"], cfg.norm_eps)
+    if L == cfg.n_layers and cfg.n_layers in taps:
+        tapped[cfg.n_layers] = h_BTD
+    logits = None
+    if compute_logits:
+        if logits_index_BN is not None:
+            h_BTD = jnp.take_along_axis(h_BTD, logits_index_BN[:, :, None], axis=1)
+        logits = lm_head(params, cfg, h_BTD)
+    new_cache = kv.KVCache(k=tuple(new_k), v=tuple(new_v), lengths_B=start_B + T)
+    return logits, tuple(tapped[i] for i in taps), new_cache
