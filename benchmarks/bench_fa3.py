@@ -1,0 +1,126 @@
+"""FA3-paper attention forward benchmark: specjax kernel vs cuDNN vs JAX's attention_mgpu.
+
+Shapes as in the FlashAttention-3 paper: B*S = 16k tokens, H*hd = 2048, S in 512..16k,
+hd in {64, 128, 256}, causal and not, bf16 and fp16. TFLOPS = 4*B*S*S*H*hd / t (halved when
+causal); t = median of CUPTI-measured GPU time of all kernels the call launches. attention_mgpu
+only takes fp16, so its column is filled on fp16 rows. Writes
+``benchmarks/results/fa3_<device>_<date>.{json,md}`` (or under ``--out``).
+
+    PYTHONPATH=. python3 benchmarks/bench_fa3.py [--quick] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import datetime
+import functools
+import json
+import os
+import statistics
+import sys
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.mosaic.gpu import profiler
+
+from pallas_kernels.flash_attention import default_config, flash_attention_fwd, key_end
+
+
+def _mgpu(causal: bool, hd: int):
+    from jax.experimental.pallas.ops.gpu import attention_mgpu as am
+    block_kv = {64: 256, 128: 128, 256: 64}[hd]   # its main()'s first fitting block
+    cfg = am.TuningConfig(block_q=64, block_kv=block_kv, max_concurrent_steps=2, causal=causal)
+    return functools.partial(am.attention, config=cfg)
+
+
+def _impls(S: int, hd: int, causal: bool, dtype):
+    B, H = 16384 // S, 2048 // hd
+    kend = key_end(B, S, S, causal="top_left" if causal else "none")
+    impls = {
+        "specjax": jax.jit(lambda q, k, v: flash_attention_fwd(q, k, v, kend, config=default_config(hd))[0]),
+        "cudnn": jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
+                                                                      implementation="cudnn")),
+    }
+    if dtype == jnp.float16:
+        impls["jax_mgpu"] = jax.jit(_mgpu(causal, hd))
+    return (B, S, H, hd), impls
+
+
+def _measure(fn, args, iters: int) -> float | None:
+    try:
+        fn(*args).block_until_ready()
+        _, times = profiler.measure(fn, iterations=iters)(*args)
+        return statistics.median(times)
+    except Exception as e:  # report, keep the table going
+        print(f"    failed: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+        return None
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="hd128, S in {1k, 16k} only")
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args(argv)
+    dev = jax.devices()[0]
+    seqs = (1024, 16384) if args.quick else (512, 1024, 2048, 4096, 8192, 16384)
+    hds = (128,) if args.quick else (64, 128, 256)
+    grid = [(S, hd, c, dt) for dt in (jnp.bfloat16, jnp.float16) for hd in hds for c in (False, True)
+            for S in seqs]
+    key = jax.random.key(0)
+    jobs = []
+    for S, hd, causal, dtype in grid:
+        shape, impls = _impls(S, hd, causal, dtype)
+        key, *ks = jax.random.split(key, 4)
+        qkv = [jax.random.normal(kk, shape, dtype) for kk in ks]
+        jobs.append(((S, hd, causal, dtype), shape, impls, qkv))
+    with cf.ThreadPoolExecutor(8) as pool:  # compile everything in parallel first
+        list(pool.map(lambda j: [_try_compile(f, j[3]) for f in j[2].values()], jobs))
+    rows = []
+    for (S, hd, causal, dtype), (B, _, H, _), impls, qkv in jobs:
+        flops = 4 * B * S * S * H * hd / (2 if causal else 1)
+        row = {"S": S, "hd": hd, "causal": causal, "dtype": jnp.dtype(dtype).name}
+        for name in ("specjax", "cudnn", "jax_mgpu"):
+            ms = _measure(impls[name], qkv, args.iters) if name in impls else None
+            row[f"{name}_tflops"] = None if ms is None else round(flops / ms / 1e9, 1)
+        print(row, flush=True)
+        rows.append(row)
+    _write(rows, dev, args.out, " ".join(["python3", *sys.argv]))
+
+
+def _try_compile(fn, args):
+    try:
+        fn.lower(*args).compile()
+    except Exception:
+        pass
+
+
+def _write(rows, dev, out_dir, command) -> None:
+    name = "h200" if "H200" in dev.device_kind else "h100" if "H100" in dev.device_kind else \
+        dev.device_kind.replace(" ", "_").lower()
+    date = datetime.date.today().isoformat()
+    doc = {"device": dev.device_kind, "jax": jax.__version__, "date": date, "command": command,
+           "rows": rows}
+    os.makedirs(out_dir, exist_ok=True)
+    base = os.path.join(out_dir, f"fa3_{name}_{date}")
+    fmt = lambda x: "-" if x is None else f"{x:.0f}"
+    md = ["| dtype | hd | causal | S | specjax | cuDNN | attention_mgpu | specjax/cuDNN |",
+          "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = (r["specjax_tflops"] / r["cudnn_tflops"]) if r["specjax_tflops"] and r["cudnn_tflops"] else None
+        md.append(f"| {r['dtype']} | {r['hd']} | {r['causal']} | {r['S']} | {fmt(r['specjax_tflops'])} | "
+                  f"{fmt(r['cudnn_tflops'])} | {fmt(r['jax_mgpu_tflops'])} | "
+                  f"{'-' if ratio is None else f'{ratio:.2f}'} |")
+    for path, text in ((base + ".json", json.dumps(doc, indent=1)),
+                       (base + ".md", f"{dev.device_kind}, jax {jax.__version__}, {date}, TFLOPS\n\n"
+                        + "\n".join(md) + "\n")):
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

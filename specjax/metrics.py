@@ -1,0 +1,76 @@
+"""Decoding metrics with vLLM's definitions (per sequence and aggregated).
+
+Speculative (counted by the verifier, before EOS/budget cuts, as vLLM does):
+  mean_accepted (tau)        1 + accepted drafts / cycles  (tokens per target forward, bonus included)
+  acceptance_per_position[i] cycles in which draft i was accepted / cycles  (unconditional)
+  draft_acceptance_rate      accepted drafts / (cycles * K)
+  num_cycles                 verify cycles (target forwards after the prefill)
+Latency: ``ttft_s`` is the prefill (first token) time. The decode loop runs on device without host
+syncs, so a sequence's decode time is apportioned by its share of the loop's cycles:
+``decode_s[b] = decode_s * cycles[b] / max(cycles)``; ``itl_s[b] = decode_s[b] / (new_tokens[b] - 1)``.
+``tokens_per_s`` = all new tokens / wall time of the call (prefill included).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecStats:
+    """Per-sequence counters copied off the device after the loop."""
+    num_draft: int  # K
+    cycles_B: np.ndarray  # int: cycles each sequence was live in
+    accepted_BK: np.ndarray  # int: cycles in which draft position i was accepted
+    new_tokens_B: np.ndarray  # int: tokens generated (the prefill's first token included)
+
+
+def _ratio(a, b):
+    return np.asarray(a, np.float64) / np.maximum(np.asarray(b, np.float64), 1)
+
+
+def acceptance(cycles, accepted_K, num_draft: int) -> dict:
+    """Acceptance metrics for one sequence or a total (``cycles`` scalar, ``accepted_K`` [K])."""
+    accepted_K = np.asarray(accepted_K)
+    total = int(accepted_K.sum())
+    return {
+        "num_cycles": int(cycles),
+        "mean_accepted": float(1.0 + _ratio(total, cycles)) if cycles else 0.0,
+        "acceptance_per_position": [float(x) for x in _ratio(accepted_K, cycles)],
+        "draft_acceptance_rate": float(_ratio(total, cycles * num_draft)),
+        "num_accepted": total,
+        "num_drafted": int(cycles) * num_draft,
+    }
+
+
+def latency(ttft_s: float, seconds: float, new_tokens_B, steps_B=None) -> dict:
+    """TTFT, ITL and tokens/s; ``steps_B`` (loop iterations each sequence was live in) apportions
+    the decode time per sequence (None: all sequences were live for the whole loop)."""
+    new_tokens_B = np.asarray(new_tokens_B)
+    decode_s = max(seconds - ttft_s, 0.0)
+    share_B = np.ones(len(new_tokens_B)) if steps_B is None else _ratio(steps_B, np.max(steps_B, initial=1))
+    decode_B = decode_s * share_B
+    itl_B = _ratio(decode_B, new_tokens_B - 1)
+    return {
+        "ttft_s": float(ttft_s),
+        "itl_s": float(np.mean(itl_B[new_tokens_B > 1])) if np.any(new_tokens_B > 1) else 0.0,
+        "tokens_per_s": float(new_tokens_B.sum() / max(seconds, 1e-9)),
+        "seconds": float(seconds),
+        "per_sequence": [{"new_tokens": int(n), "itl_s": float(i), "tokens_per_s": float(n / max(ttft_s + d, 1e-9))}
+                         for n, i, d in zip(new_tokens_B, itl_B, decode_B)],
+    }
+
+
+def summarize(stats: SpecStats, ttft_s: float, seconds: float) -> dict:
+    """JSON-ready aggregate + per-sequence metrics of one speculative run."""
+    out = acceptance(int(stats.cycles_B.sum()), stats.accepted_BK.sum(axis=0), stats.num_draft)
+    out["num_draft"] = stats.num_draft
+    out["new_tokens"] = int(stats.new_tokens_B.sum())
+    lat = latency(ttft_s, seconds, stats.new_tokens_B, stats.cycles_B)
+    per_seq = lat.pop("per_sequence")
+    out.update(lat)
+    out["per_sequence"] = [{**acceptance(c, a, stats.num_draft), **ps}
+                           for c, a, ps in zip(stats.cycles_B, stats.accepted_BK, per_seq)]
+    return out

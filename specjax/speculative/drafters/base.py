@@ -1,0 +1,112 @@
+"""The drafter protocol: ``init`` once after prefill, ``propose`` K tokens with their q, ``update``.
+
+A drafter is a frozen (hashable) dataclass holding only static settings; it is a static argument
+of the jitted loop. Weights travel separately as pytrees: ``tp`` (the target's params, which
+self-speculative drafters reuse) and ``dp`` (the drafter's own params: a draft model, an exit head,
+EAGLE/Medusa heads, or ``None``). All methods run inside the jit, once per cycle, on device.
+
+Positions: the target cache holds every token before the last emitted one; ``ctx.lengths_B`` (L) is
+the position of ``ctx.last_B``. A cycle feeds ``[last, d_1..d_K]`` at positions ``L..L+K`` to the
+target, accepts ``n`` drafts and emits one more token, so the next cycle has ``L' = L + num_new``.
+
+Heads (EAGLE-3, Medusa) declare the target hidden states they consume in ``taps`` (indices as in
+``model.forward``): the loop computes them in the prefill and in every verify forward, and hands
+them over in ``Prefill.taps`` ([B, T, D] per tap) and ``Verified.taps`` ([B, K+1, D] per tap, for
+the fed tokens ``[last, d_1..d_K]``; the first ``num_new`` of them are now part of the context).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from specjax import sampling
+from specjax.cache import KVCache
+from specjax.config import ModelConfig
+from specjax.sampling import SamplingParams
+
+_static = dict(static=True)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Prefill:
+    """What a drafter sees once, after the target's prefill."""
+    tokens_BT: jax.Array  # int32: right-padded prompts
+    lengths_B: jax.Array  # int32: prompt lengths (= position of the first generated token)
+    history_BS: jax.Array  # int32: prompt + first generated token, by position; S = cache capacity
+    taps: tuple[jax.Array, ...]  # target hidden states over the prompt, one [B, T, D] per drafter tap
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What a drafter sees at the start of each cycle."""
+    history_BS: jax.Array  # int32: every token so far by position (slots > lengths_B are stale)
+    lengths_B: jax.Array  # int32: L = target cache length = position of last_B
+    last_B: jax.Array  # int32: the last emitted token (not yet in the target cache)
+    key: jax.Array  # this cycle's drafting key
+    sp: SamplingParams
+    num_draft: int = dataclasses.field(metadata=_static, default=1)  # K
+    greedy: bool = dataclasses.field(metadata=_static, default=True)  # temperature == 0
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Proposal:
+    tokens_BK: jax.Array  # int32 draft tokens d_1..d_K
+    q_BKV: jax.Array | None  # float32 distributions they were drawn from; None = one-hot (deterministic)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Verified:
+    """What a drafter sees after verification (for live and finished rows alike)."""
+    fed_BK1: jax.Array  # int32 [last, d_1..d_K] as fed to the target at positions L..L+K
+    taps: tuple[jax.Array, ...]  # target hidden states at those K+1 positions, one [B, K+1, D] per tap
+    num_accepted_B: jax.Array  # int32 drafts accepted by the verifier (before EOS/budget cuts)
+    num_new_B: jax.Array  # int32 tokens emitted this cycle (0 for finished rows); fed_BK1[:, :num_new] joined the context
+    lengths_B: jax.Array  # int32 new L (old L + num_new)
+    last_B: jax.Array  # int32 new last token (the bonus/correction, or an earlier one if cut)
+
+
+@dataclasses.dataclass(frozen=True)
+class Drafter:
+    """Base class; subclasses override ``propose`` and, if they keep state, ``init``/``update``."""
+    taps: ClassVar[tuple[int, ...]] = ()  # target hidden states consumed (a property may compute them)
+    name: ClassVar[str] = "drafter"  # the CLI's --method name
+    max_draft: ClassVar[int | None] = None  # largest K supported (None: any), e.g. Medusa's head count
+
+    def validate(self, cfg: ModelConfig, dp: Any, num_draft: int) -> None:
+        """Host-side checks before compiling; raise ValueError saying what is wrong."""
+        if self.max_draft is not None and num_draft > self.max_draft:
+            raise ValueError(f"{self.name} proposes at most {self.max_draft} tokens per cycle, got num_draft={num_draft}")
+
+    def init(self, tp: dict, dp: Any, pre: Prefill, cfg: ModelConfig) -> Any:
+        """Drafter state after prefill (any pytree; ``()`` when stateless)."""
+        return ()
+
+    def propose(self, tp: dict, dp: Any, state: Any, ctx: Context, target_cache: KVCache,
+                cfg: ModelConfig) -> tuple[Proposal, Any, KVCache]:
+        """K draft tokens and their q. ``target_cache`` is threaded through so self-speculative
+        drafters can write their layers' K/V in place (the verify forward overwrites positions
+        L..L+K); others return it unchanged. Its ``lengths_B`` must come back unchanged."""
+        raise NotImplementedError
+
+    def update(self, tp: dict, dp: Any, state: Any, ver: Verified) -> Any:
+        return state
+
+
+def draw(key: jax.Array, logits_BV: jax.Array, sp: SamplingParams, greedy: bool) -> tuple[jax.Array, jax.Array | None]:
+    """Sample a draft token and return the distribution q it was drawn from ([B], [B, V]).
+
+    q uses ``sampling.probs`` (the same temperature/top-k/top-p as the target's p). When greedy,
+    the token is the argmax and q is ``None`` (one-hot), so no sort or softmax over V is done.
+    """
+    if greedy:
+        return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32), None
+    q_BV = sampling.probs(logits_BV, sp)
+    return sampling.sample_from_probs(key, q_BV), q_BV

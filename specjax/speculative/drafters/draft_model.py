@@ -1,0 +1,67 @@
+"""A separate (smaller) draft model with the target's vocabulary, decoding K tokens autoregressively.
+
+Its cache mirrors the target's positions. Each cycle starts by re-feeding the token at L-1 together
+with ``last`` (a 2-token step at positions L-1, L): when all K drafts were accepted, d_K never went
+through the draft model, and re-feeding one already-cached token is cheaper than a ragged branch.
+Rollback is then just setting the draft cache's lengths to L-1, so ``update`` has nothing to do.
+Cost per cycle: one 2-token step + (K-1) 1-token steps of the draft model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from specjax import cache as kv
+from specjax import model
+from specjax.config import ModelConfig
+from specjax.speculative.drafters.base import Context, Drafter, Prefill, Proposal, draw
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftModel(Drafter):
+    name: ClassVar[str] = "draft"
+    cfg: ModelConfig  # the draft model's config; draft params travel as ``dp``
+
+    def validate(self, cfg: ModelConfig, dp, num_draft: int) -> None:
+        super().validate(cfg, dp, num_draft)
+        if self.cfg.vocab_size != cfg.vocab_size:
+            raise ValueError(f"draft model vocabulary ({self.cfg.vocab_size} tokens) differs from the target's "
+                             f"({cfg.vocab_size}); a draft model must share the target's tokenizer and vocabulary")
+        if not isinstance(dp, dict) or "embed" not in dp:
+            raise ValueError("the draft-model drafter needs the draft model's params dict as draft_params")
+        if dp["embed"].shape[0] != cfg.vocab_size:
+            raise ValueError(f"draft params have an embedding of {dp['embed'].shape[0]} rows; the target's vocabulary "
+                             f"has {cfg.vocab_size} tokens")
+
+    def init(self, tp, dp, pre: Prefill, cfg):
+        B, S = pre.history_BS.shape
+        cache = kv.init_cache(self.cfg, B, S, dp["embed"].dtype)
+        _, _, cache = model.forward(dp, self.cfg, pre.tokens_BT, cache, compute_logits=False)
+        return kv.set_lengths(cache, pre.lengths_B)
+
+    def propose(self, tp, dp, cache: kv.KVCache, ctx: Context, target_cache, cfg):
+        K = ctx.num_draft
+        L_B = ctx.lengths_B
+        prev_B = jnp.take_along_axis(ctx.history_BS, (L_B - 1)[:, None], axis=1)[:, 0]
+        keys = jax.random.split(ctx.key, K)
+        cache = kv.set_lengths(cache, L_B - 1)
+        logits_B1V, _, cache = model.forward(dp, self.cfg, jnp.stack([prev_B, ctx.last_B], axis=1), cache,
+                                             logits_index_BN=jnp.ones((L_B.shape[0], 1), jnp.int32))
+        tok_B, q_BV = draw(keys[0], logits_B1V[:, 0], ctx.sp, ctx.greedy)
+        if K == 1:
+            return Proposal(tok_B[:, None], None if q_BV is None else q_BV[:, None]), cache, target_cache
+
+        def step(carry, key):
+            cache, tok_B = carry
+            logits_B1V, _, cache = model.forward(dp, self.cfg, tok_B[:, None], cache)
+            nxt_B, q_BV = draw(key, logits_B1V[:, 0], ctx.sp, ctx.greedy)
+            return (cache, nxt_B), (nxt_B, q_BV)
+
+        (cache, _), (rest_NB, rest_q_NBV) = jax.lax.scan(step, (cache, tok_B), keys[1:])
+        tokens_BK = jnp.concatenate([tok_B[:, None], rest_NB.T], axis=1)
+        q_BKV = None if q_BV is None else jnp.concatenate([q_BV[:, None], rest_q_NBV.transpose(1, 0, 2)], axis=1)
+        return Proposal(tokens_BK, q_BKV), cache, target_cache

@@ -1,0 +1,114 @@
+"""Host entry points: ``speculative_generate`` (token ids in, token ids + metrics out) and ``run``
+(the CLI's options: method name, K, draft model path, ...).
+
+Mirrors ``specjax.generate``: prompts right-padded to a power-of-two width, ``max_new_tokens``
+traced, cache capacity bucketed (it must hold prompt + max_new + K + 1 slots), EOS per sequence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import metrics
+from specjax.config import ModelConfig
+from specjax.generate import bucket, pad_prompts, validate_request
+from specjax.sampling import SamplingParams
+from specjax.speculative import drafters, loop
+
+MAX_NUM_DRAFT = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecResult:
+    prompt_ids: list[list[int]]
+    output_ids: list[list[int]]  # generated tokens only, EOS included if produced
+    seconds: float  # wall time of prefill + decode, compilation excluded
+    ttft_s: float  # prefill + first token
+    method: str
+    stats: metrics.SpecStats
+    compile_seconds: float = 0.0  # lowering + compilation (near 0 when cached)
+
+    @property
+    def new_tokens(self) -> list[int]:
+        return [len(o) for o in self.output_ids]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(self.new_tokens) / max(self.seconds, 1e-9)
+
+    def metrics(self) -> dict:
+        """JSON-ready: mean_accepted, acceptance_per_position, num_cycles, draft_acceptance_rate,
+        ttft_s, itl_s, tokens_per_s, and the same per sequence (see ``specjax.metrics``)."""
+        return {"method": self.method, **metrics.summarize(self.stats, self.ttft_s, self.seconds)}
+
+
+def check_num_draft(num_draft, drafter: drafters.Drafter | None = None) -> int:
+    limit = min(MAX_NUM_DRAFT, (drafter and drafter.max_draft) or MAX_NUM_DRAFT)
+    if isinstance(num_draft, bool) or not isinstance(num_draft, (int, np.integer)) or not 1 <= num_draft <= limit:
+        who = f" for {drafter.name}" if drafter else ""
+        raise ValueError(f"num_draft (K, draft tokens per cycle) must be an integer in [1, {limit}]{who}, "
+                         f"got {num_draft!r}")
+    return int(num_draft)
+
+
+def speculative_generate(params: dict, cfg: ModelConfig, prompts: list[list[int]], drafter: drafters.Drafter,
+                         draft_params: Any = None, *, num_draft: int = 4, max_new_tokens: int = 64,
+                         temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                         eos_token_ids: tuple[int, ...] | None = None) -> SpecResult:
+    """Speculative decoding of a batch of token-id prompts; the output distribution is the target's.
+
+    At temperature 0 the outputs equal ``specjax.generate.generate``'s greedy outputs.
+    """
+    if not isinstance(drafter, drafters.Drafter):
+        raise ValueError(f"drafter must be a specjax.speculative.drafters.Drafter, got {type(drafter).__name__}")
+    K = check_num_draft(num_draft, drafter)
+    validate_request(cfg, prompts, max_new_tokens)
+    drafter.validate(cfg, draft_params, K)
+    sp = SamplingParams.make(temperature, top_k, top_p)
+    eos = tuple(cfg.eos_token_ids if eos_token_ids is None else eos_token_ids)
+    longest = max(len(p) for p in prompts)
+    width = bucket(longest)
+    capacity = bucket(max(width, longest + max_new_tokens + K + 1), 256)
+    if capacity < longest + max_new_tokens + K + 1:  # bucket() guarantees it; keep the guard explicit
+        raise ValueError(f"cache capacity {capacity} cannot hold {longest} + {max_new_tokens} + {K + 1} slots")
+    toks, lens = pad_prompts(prompts, width)
+    static = dict(cfg=cfg, drafter=drafter, eos_ids=eos)
+    pre_args = (params, draft_params, jnp.asarray(toks), jnp.asarray(lens), jnp.int32(max_new_tokens), sp,
+                jax.random.key(seed))
+    t0 = time.perf_counter()  # compile ahead (cached per bucket), so the timings below are run time only
+    pre_fn = functools.partial(loop.prefill, capacity=capacity, num_draft=K, **static)
+    prefill = loop.prefill.lower(*pre_args, capacity=capacity, num_draft=K, **static).compile()
+    decode_jit = loop.decode_donating if jax.default_backend() != "cpu" else loop.decode
+    state_shape = jax.eval_shape(pre_fn, *pre_args)
+    decode = decode_jit.lower(params, draft_params, state_shape, sp, greedy=temperature == 0, **static).compile()
+    t1 = time.perf_counter()
+    state = prefill(*pre_args)
+    jax.block_until_ready(state.last_B)
+    ttft = time.perf_counter() - t1
+    state = decode(params, draft_params, state, sp)
+    outputs = loop.outputs(state, lens)
+    stats = metrics.SpecStats(K, np.asarray(state.cycles_B), np.asarray(state.accepted_BK), np.asarray(state.n_out_B))
+    seconds = time.perf_counter() - t1
+    return SpecResult(prompt_ids=[list(p) for p in prompts], output_ids=outputs, seconds=seconds, ttft_s=ttft,
+                      method=drafter.name, stats=stats, compile_seconds=t1 - t0)
+
+
+def run(params: dict, cfg: ModelConfig, prompts: list[list[int]], *, method: str, num_draft: int,
+        draft_model=None, layerskip_layers: int | None = None, ngram_min: int = 1, ngram_max: int = 3,
+        **generate_kw) -> SpecResult:
+    """The CLI's entry: ``--method draft|layerskip|ngram --num-draft K [--draft-model PATH]
+    [--layerskip-layers N] [--ngram-min A --ngram-max B]``; other keywords go to speculative_generate.
+    The draft model is loaded in the target's dtype."""
+    if method not in drafters.METHODS:
+        raise ValueError(f"unknown speculative method {method!r}; expected one of {', '.join(drafters.METHODS)}")
+    check_num_draft(num_draft)  # before loading a draft model
+    drafter, dp = drafters.build(method, cfg, draft_model=draft_model, draft_dtype=params["embed"].dtype,
+                                 layerskip_layers=layerskip_layers, ngram_min=ngram_min, ngram_max=ngram_max)
+    return speculative_generate(params, cfg, prompts, drafter, dp, num_draft=num_draft, **generate_kw)

@@ -1,0 +1,133 @@
+"""The speculative decoding loop on device: a prefill jit, then one jit of one ``lax.while_loop``.
+
+Each cycle: the drafter proposes K tokens; ONE target forward scores ``[last, d_1..d_K]``;
+``verify`` accepts a prefix and emits one more token; each sequence then advances by its own count
+(cut at its EOS and its token budget), and both caches roll back by setting their lengths. The host
+sees the state twice: after the prefill (for TTFT) and after the loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import cache as kv
+from specjax import model
+from specjax.config import ModelConfig
+from specjax.sampling import SamplingParams, sample
+from specjax.speculative import verify
+from specjax.speculative.drafters.base import Context, Drafter, Prefill, Verified
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SpecState:
+    cycle: jax.Array  # int32: loop iterations so far
+    history_BS: jax.Array  # int32: tokens by position (prompt, then generated); S = cache capacity
+    last_B: jax.Array  # int32: last emitted token, at position cache.lengths_B (not yet in the cache)
+    n_out_B: jax.Array  # int32: tokens generated per sequence (the prefill's token included)
+    budget_B: jax.Array  # int32: max new tokens per sequence (max_new, capped by capacity)
+    done_B: jax.Array  # bool: EOS emitted or budget reached
+    cache: kv.KVCache  # the target's
+    draft: Any  # the drafter's state
+    key: jax.Array  # base key; cycle c uses fold_in(key, c)
+    cycles_B: jax.Array  # int32: cycles each sequence was live in
+    accepted_BK: jax.Array  # int32: per sequence, cycles in which draft position i was accepted
+
+
+def is_eos(tok: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
+    return jnp.isin(tok, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else jnp.zeros(tok.shape, bool)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "drafter", "capacity", "num_draft", "eos_ids"))
+def prefill(tp: dict, dp: Any, tokens_BT: jax.Array, prompt_len_B: jax.Array, max_new: jax.Array,
+            sp: SamplingParams, key: jax.Array, *, cfg: ModelConfig, drafter: Drafter, capacity: int,
+            num_draft: int, eos_ids: tuple[int, ...]) -> SpecState:
+    """Target prefill + first token (drawn exactly as ``specjax.generate`` does) + drafter init."""
+    B, T = tokens_BT.shape
+    cache = kv.init_cache(cfg, B, capacity, tp["embed"].dtype)
+    logits_BNV, taps, cache = model.forward(tp, cfg, tokens_BT, cache, taps=drafter.taps,
+                                            logits_index_BN=(prompt_len_B - 1)[:, None])
+    cache = kv.set_lengths(cache, prompt_len_B)
+    key, sub = jax.random.split(key)
+    tok_B = sample(sub, logits_BNV[:, 0], sp)
+    rows_B = jnp.arange(B)
+    history_BS = jnp.zeros((B, capacity), jnp.int32).at[:, :T].set(tokens_BT).at[rows_B, prompt_len_B].set(tok_B)
+    # capacity guard (writes past the end would be clamped silently): verify writes L..L+K, history L+1..L+K+1
+    budget_B = jnp.minimum(max_new, capacity - num_draft - 1 - prompt_len_B).astype(jnp.int32)
+    draft_state = drafter.init(tp, dp, Prefill(tokens_BT, prompt_len_B, history_BS, taps), cfg)
+    return SpecState(cycle=jnp.int32(0), history_BS=history_BS, last_B=tok_B, n_out_B=jnp.ones((B,), jnp.int32),
+                     budget_B=budget_B, done_B=is_eos(tok_B, eos_ids) | (budget_B <= 1), cache=cache,
+                     draft=draft_state, key=key, cycles_B=jnp.zeros((B,), jnp.int32),
+                     accepted_BK=jnp.zeros((B, num_draft), jnp.int32))
+
+
+def emit_count(v: verify.Verdict, eos_ids: tuple[int, ...], room_B: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Tokens to keep from ``v.tokens_BK1``: the n+1 emitted, cut after the first EOS and at the budget.
+
+    Returns (count_B, hit_eos_B): hit_eos when an EOS is among the kept tokens.
+    """
+    K1 = v.tokens_BK1.shape[1]
+    valid_BK1 = jnp.arange(K1)[None, :] <= v.num_accepted_B[:, None]
+    eos_BK1 = is_eos(v.tokens_BK1, eos_ids) & valid_BK1
+    first_eos_B = jnp.where(eos_BK1.any(axis=1), jnp.argmax(eos_BK1, axis=1), K1)
+    count_B = jnp.minimum(jnp.minimum(v.num_accepted_B + 1, first_eos_B + 1), room_B)
+    return count_B.astype(jnp.int32), first_eos_B < count_B
+
+
+def _write_rows(history_BS: jax.Array, new_BN: jax.Array, start_B: jax.Array) -> jax.Array:
+    return jax.vmap(lambda h_S, x_N, s: jax.lax.dynamic_update_slice(h_S, x_N, (s,)))(history_BS, new_BN, start_B)
+
+
+def _cycle(tp, dp, s: SpecState, sp, cfg, drafter, eos_ids, greedy) -> SpecState:
+    B, K = s.accepted_BK.shape
+    key_draft, key_verify = jax.random.split(jax.random.fold_in(s.key, s.cycle))
+    L_B = s.cache.lengths_B
+    ctx = Context(s.history_BS, L_B, s.last_B, key_draft, sp, num_draft=K, greedy=greedy)
+    prop, draft_state, cache = drafter.propose(tp, dp, s.draft, ctx, s.cache, cfg)
+    fed_BK1 = jnp.concatenate([s.last_B[:, None], prop.tokens_BK.astype(jnp.int32)], axis=1)
+    logits_BK1V, taps, cache = model.forward(tp, cfg, fed_BK1, kv.set_lengths(cache, L_B), taps=drafter.taps)
+    v = verify.verify(key_verify, logits_BK1V, prop.tokens_BK, prop.q_BKV, sp, greedy)
+
+    live_B = ~s.done_B
+    count_B, hit_eos_B = emit_count(v, eos_ids, s.budget_B - s.n_out_B)
+    count_B = jnp.where(live_B, count_B, 0)
+    last_B = jnp.where(count_B > 0, jnp.take_along_axis(v.tokens_BK1, jnp.maximum(count_B - 1, 0)[:, None], 1)[:, 0],
+                       s.last_B)
+    new_L_B = L_B + count_B
+    n_out_B = s.n_out_B + count_B
+    ver = Verified(fed_BK1, taps, v.num_accepted_B, count_B, new_L_B, last_B)
+    live_i = live_B.astype(jnp.int32)
+    return SpecState(
+        cycle=s.cycle + 1,
+        history_BS=_write_rows(s.history_BS, v.tokens_BK1, L_B + 1),  # only [0, count) is kept
+        last_B=last_B, n_out_B=n_out_B, budget_B=s.budget_B,
+        done_B=s.done_B | (live_B & hit_eos_B) | (n_out_B >= s.budget_B),
+        cache=kv.set_lengths(cache, new_L_B),
+        draft=drafter.update(tp, dp, draft_state, ver), key=s.key,
+        cycles_B=s.cycles_B + live_i,
+        accepted_BK=s.accepted_BK + live_i[:, None] * (jnp.arange(K)[None, :] < v.num_accepted_B[:, None]),
+    )
+
+
+def _decode(tp: dict, dp: Any, state: SpecState, sp: SamplingParams, *, cfg: ModelConfig, drafter: Drafter,
+            eos_ids: tuple[int, ...], greedy: bool) -> SpecState:
+    """Run cycles until every sequence is done (each live cycle emits >= 1 token, so this ends)."""
+    body = functools.partial(_cycle, tp, dp, sp=sp, cfg=cfg, drafter=drafter, eos_ids=eos_ids, greedy=greedy)
+    return jax.lax.while_loop(lambda s: ~jnp.all(s.done_B), body, state)
+
+
+_STATIC = ("cfg", "drafter", "eos_ids", "greedy")
+decode = jax.jit(_decode, static_argnames=_STATIC)
+decode_donating = jax.jit(_decode, static_argnames=_STATIC, donate_argnames=("state",))  # no cache copies on GPU
+
+
+def outputs(state: SpecState, prompt_len_B) -> list[list[int]]:
+    """Generated tokens per sequence (host side, after the loop)."""
+    hist, n_B = np.asarray(state.history_BS), np.asarray(state.n_out_B)
+    return [hist[b, int(p):int(p) + int(n)].tolist() for b, (p, n) in enumerate(zip(np.asarray(prompt_len_B), n_B))]

@@ -1,0 +1,226 @@
+"""FA3 kernel: CUDA lowering and Mosaic GPU interpreter on CPU; real runs under @pytest.mark.gpu."""
+
+import itertools
+
+import jax
+import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call import get_races
+
+from pallas_kernels import dispatch
+from pallas_kernels.flash_attention import (TuningConfig, default_config, flash_attention_fwd,
+                                            flash_attention_reference, key_end)
+from pallas_kernels.flash_attention_vjp import attention_bwd_blocked, flash_attention
+from specjax.attention import attention_reference
+
+INTERP = TuningConfig(block_kv=64, interpretable=True)
+MODES = ("none", "top_left", "bottom_right", "positions")
+
+
+def _inputs(seed, B, T, H, S, G, d, dtype):
+    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+    return (jax.random.normal(kq, (B, T, H, d), dtype), jax.random.normal(kk, (B, S, G, d), dtype),
+            jax.random.normal(kv, (B, S, G, d), dtype))
+
+
+def _kend(mode, B, T, S, seed=0):
+    rng = np.random.default_rng(seed)
+    kv_lens = jnp.asarray(rng.integers(max(T, S // 2), S + 1, B), jnp.int32)
+    if mode == "positions":  # the model: queries continue each sequence's cache
+        q_pos = (kv_lens - T)[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
+        return key_end(B, T, S, causal=mode, q_pos_BT=q_pos)
+    return key_end(B, T, S, causal=mode, kv_lens_B=kv_lens)
+
+
+def _check_close(q, k, v, kend, o, lse, tol):
+    f32 = lambda x: x.astype(jnp.float32)
+    ref_o, ref_lse = flash_attention_reference(f32(q), f32(k), f32(v), kend)
+    o, ref_o = np.asarray(f32(o)), np.asarray(ref_o)
+    assert np.isfinite(o).all(), "kernel output has NaN/inf (an unwritten or bad element)"
+    rel = np.linalg.norm(o - ref_o) / np.linalg.norm(ref_o)
+    assert rel < tol, f"relative error {rel:.2e} >= {tol}"
+    lse, ref_lse = np.asarray(lse), np.asarray(ref_lse)
+    assert (np.isinf(lse) == np.isinf(ref_lse)).all(), "rows that see no key must have lse -inf"
+    fin = np.isfinite(ref_lse)
+    np.testing.assert_allclose(lse[fin], ref_lse[fin], atol=2e-3, rtol=0)
+    np.testing.assert_array_equal(o[~fin.transpose(0, 2, 1)], 0.0)
+
+
+# ---------------------------------------------------------------- CPU: lowering for CUDA
+@pytest.mark.parametrize("hd,dtype", list(itertools.product((64, 128, 256), ("bfloat16", "float16"))))
+def test_lowers_for_cuda_every_benchmark_config(hd, dtype):
+    """Catches SMEM overflow, layout and dtype errors for the whole bench_fa3.py table."""
+    for S, causal in itertools.product((512, 1024, 2048, 4096, 8192, 16384), (False, True)):
+        B, H = 16384 // S, 2048 // hd
+        q = jax.ShapeDtypeStruct((B, S, H, hd), jnp.dtype(dtype))
+        f = lambda q, k, v: flash_attention_fwd(
+            q, k, v, key_end(B, S, S, causal="top_left" if causal else "none"),
+            config=default_config(hd))
+        assert "mosaic_gpu" in jax.jit(f).trace(q, q, q).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 4, 1, 1, 64), (2, 77, 6, 301, 2, 128), (3, 5, 8, 9, 1, 256),
+                                   (1, 130, 2, 1000, 2, 64)])
+def test_lowers_odd_lengths_and_gqa(shape):
+    B, T, H, S, G, d = shape
+    q, k = jax.ShapeDtypeStruct((B, T, H, d), jnp.bfloat16), jax.ShapeDtypeStruct((B, S, G, d), jnp.bfloat16)
+    kend = jax.ShapeDtypeStruct((B, T), jnp.int32)
+    jax.jit(flash_attention_fwd).trace(q, k, k, kend).lower(lowering_platforms=("cuda",))
+
+
+def test_shared_memory_overflow_is_caught_at_lowering():
+    q = jax.ShapeDtypeStruct((1, 256, 2, 256), jnp.bfloat16)
+    f = lambda q, k, v: flash_attention_fwd(q, k, v, jnp.full((1, 256), 256, jnp.int32),
+                                            config=TuningConfig(block_kv=256, num_stages=3))
+    with pytest.raises(ValueError, match="shared memory"):
+        jax.jit(f).trace(q, q, q).lower(lowering_platforms=("cuda",))
+
+
+def test_config_and_input_validation():
+    for bad in (dict(block_q=128), dict(block_kv=96), dict(num_stages=1)):
+        with pytest.raises(ValueError):
+            TuningConfig(**bad)
+    q = jnp.zeros((1, 8, 2, 80), jnp.bfloat16)
+    with pytest.raises(ValueError, match="head dim"):
+        flash_attention_fwd(q, q, q, jnp.zeros((1, 8), jnp.int32))
+
+
+# ---------------------------------------------------------------- CPU: mask and reference logic
+def test_key_end_modes_match_explicit_masks():
+    B, T, S = 2, 5, 9
+    kv, ql = np.array([9, 6]), np.array([5, 3])
+    got = {m: np.asarray(key_end(B, T, S, causal=m, kv_lens_B=kv, q_lens_B=ql))
+           for m in ("none", "top_left", "bottom_right")}
+    for b, t in itertools.product(range(B), range(T)):
+        vis = lambda rule: sum(1 for s in range(S) if rule(s) and s < kv[b]) if t < ql[b] else 0
+        assert got["none"][b, t] == vis(lambda s: True)
+        assert got["top_left"][b, t] == vis(lambda s: s <= t)
+        assert got["bottom_right"][b, t] == vis(lambda s: s <= kv[b] - ql[b] + t)
+    with pytest.raises(ValueError, match="causal"):
+        key_end(B, T, S, causal="diagonal")
+
+
+def test_reference_matches_model_reference_under_positions_rule():
+    q, k, v = _inputs(1, 2, 6, 4, 16, 2, 64, jnp.float32)
+    q_pos = jnp.array([[3, 4, 5, 6, 7, 8], [10, 11, 12, 13, 14, 15]], jnp.int32)
+    o, _ = flash_attention_reference(q, k, v, key_end(2, 6, 16, causal="positions", q_pos_BT=q_pos))
+    np.testing.assert_allclose(o, attention_reference(q, k, v, q_pos), atol=1e-5)
+
+
+def test_blocked_backward_matches_grad_of_reference():
+    B, T, H, S, G, d = 2, 19, 4, 37, 2, 64
+    q, k, v = _inputs(2, B, T, H, S, G, d, jnp.float32)
+    kend = _kend("bottom_right", B, T, S)
+    do = jax.random.normal(jax.random.key(3), q.shape, jnp.float32)
+    o, lse = flash_attention_reference(q, k, v, kend)
+    got = attention_bwd_blocked(q, k, v, o, lse, do, kend, scale=d ** -0.5, block_kv=16)
+    loss = lambda q, k, v: jnp.sum(flash_attention_reference(q, k, v, kend)[0] * do)
+    for g, r in zip(got, jax.grad(loss, argnums=(0, 1, 2))(q, k, v)):
+        np.testing.assert_allclose(g, r, atol=2e-5, rtol=2e-5)
+
+
+def test_dispatch_declines_unsupported_calls():
+    q_pos = jnp.zeros((1, 1), jnp.int32)
+    bf = lambda *s: jnp.zeros(s, jnp.bfloat16)
+    assert dispatch.attend(bf(1, 1, 4, 64), bf(1, 32, 2, 64), bf(1, 32, 2, 64), q_pos) is None  # decode
+    f32 = jnp.zeros((1, 8, 4, 64), jnp.float32)
+    assert dispatch.attend(f32, f32, f32, jnp.zeros((1, 8), jnp.int32)) is None  # float32 cache
+    assert not dispatch.applies(bf(1, 8, 4, 80), bf(1, 8, 2, 80), bf(1, 8, 2, 80))  # head dim 80
+    assert dispatch.applies(bf(1, 8, 9, 64), bf(1, 32, 3, 64), bf(1, 32, 3, 64))
+
+
+# ---------------------------------------------------------------- CPU: Mosaic GPU interpreter
+@pytest.mark.parametrize("mode,shape", [("none", (1, 128, 2, 128, 2, 64)),
+                                        ("top_left", (1, 200, 2, 200, 1, 64)),
+                                        ("bottom_right", (2, 70, 4, 300, 2, 64)),
+                                        ("positions", (1, 9, 3, 130, 1, 64))])
+def test_interpreter_matches_reference(mode, shape):
+    B, T, H, S, G, d = shape
+    q, k, v = _inputs(4, *shape, jnp.bfloat16)
+    kend = _kend(mode, B, T, S)
+    with plgpu.force_gpu_interpret_mode():
+        o, lse = flash_attention_fwd(q, k, v, kend, config=INTERP)
+    _check_close(q, k, v, kend, o, lse, tol=1e-2)
+
+
+def test_interpreter_finds_no_races():
+    q, k, v = _inputs(5, 1, 128, 1, 192, 1, 64, jnp.float16)
+    kend = _kend("top_left", 1, 128, 192)
+    with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams(detect_races=True)):
+        o, lse = flash_attention_fwd(q, k, v, kend, config=INTERP)
+        assert not get_races().races_found
+    _check_close(q, k, v, kend, o, lse, tol=2e-3)
+
+
+def test_custom_vjp_in_interpreter_matches_grad_of_reference():
+    B, T, H, S, G, d = 1, 64, 2, 100, 1, 64
+    q, k, v = _inputs(6, B, T, H, S, G, d, jnp.float32)
+    kend = _kend("bottom_right", B, T, S)
+    do = jax.random.normal(jax.random.key(7), q.shape, jnp.float32)
+    bf = lambda x: x.astype(jnp.bfloat16)
+    with plgpu.force_gpu_interpret_mode():
+        got = jax.grad(lambda q, k, v: jnp.sum(flash_attention(q, k, v, kend, None, INTERP)
+                                               .astype(jnp.float32) * do), (0, 1, 2))(bf(q), bf(k), bf(v))
+    ref = jax.grad(lambda q, k, v: jnp.sum(flash_attention_reference(q, k, v, kend)[0] * do),
+                   (0, 1, 2))(*(bf(x).astype(jnp.float32) for x in (q, k, v)))
+    for g, r in zip(got, ref):
+        rel = np.linalg.norm(np.asarray(g, np.float32) - r) / np.linalg.norm(r)
+        assert rel < 2e-2, rel
+
+
+# ---------------------------------------------------------------- GPU
+REP = {64: 1, 128: 4, 256: 8}  # GQA ratio H / G per head dim (MHA, GQA, MQA-like)
+GPU_CASES = list(itertools.product(("bfloat16", "float16"), (64, 128, 256), MODES))
+
+
+def _poison(*shapes):
+    """Fill, then free, device buffers of the outputs' sizes, so the kernel's outputs likely land
+    on NaN-filled memory: an element the kernel fails to write then shows up as NaN."""
+    for s in shapes:
+        jnp.full(s, jnp.nan, jnp.float32).block_until_ready().delete()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,hd,mode", GPU_CASES)
+def test_gpu_matches_float32_reference(dtype, hd, mode):
+    G = 2
+    H = G * REP[hd]
+    for B, T, S in ((2, 1000, 1000), (3, 77, 1531), (1, 4096, 4096)):
+        if (mode == "top_left" and T != S) or (S == 4096 and hd != 128):
+            continue
+        q, k, v = _inputs(hd + T, B, T, H, S, G, hd, jnp.dtype(dtype))
+        kend = _kend(mode, B, T, S, seed=T)
+        _poison((B, T, H, hd), (B, H, T + 256))
+        o, lse = flash_attention_fwd(q, k, v, kend)
+        _check_close(q, k, v, kend, o, lse, tol=1e-2 if dtype == "bfloat16" else 2e-3)
+
+
+@pytest.mark.gpu
+def test_gpu_varlen_padding_rows_and_grad():
+    B, T, H, S, G, d = 3, 300, 8, 700, 2, 128
+    q, k, v = _inputs(9, B, T, H, S, G, d, jnp.bfloat16)
+    kend = key_end(B, T, S, causal="bottom_right", kv_lens_B=[700, 450, 300], q_lens_B=[300, 120, 1])
+    _poison((B, T, H, d))
+    o, lse = flash_attention_fwd(q, k, v, kend)
+    _check_close(q, k, v, kend, o, lse, tol=1e-2)
+    do = jax.random.normal(jax.random.key(10), q.shape, jnp.float32)
+    got = jax.grad(lambda q, k, v: jnp.sum(flash_attention(q, k, v, kend).astype(jnp.float32) * do),
+                   (0, 1, 2))(q, k, v)
+    f32 = lambda x: x.astype(jnp.float32)
+    ref = jax.grad(lambda q, k, v: jnp.sum(flash_attention_reference(q, k, v, kend)[0] * do),
+                   (0, 1, 2))(f32(q), f32(k), f32(v))
+    for g, r in zip(got, ref):
+        assert np.linalg.norm(np.asarray(f32(g)) - r) / np.linalg.norm(r) < 2e-2
+
+
+@pytest.mark.gpu
+def test_gpu_dispatch_matches_model_reference():
+    B, T, H, S, G, d = 2, 37, 9, 512, 3, 64
+    q, k, v = _inputs(11, B, T, H, S, G, d, jnp.bfloat16)
+    q_pos = jnp.array([100, 475], jnp.int32)[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
+    o = dispatch.attend(q, k, v, q_pos)
+    ref = attention_reference(*(x.astype(jnp.float32) for x in (q, k, v)), q_pos)
+    o = np.asarray(o.astype(jnp.float32))
+    assert np.linalg.norm(o - ref) / np.linalg.norm(ref) < 1e-2

@@ -1,0 +1,114 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from specjax import cache as kv
+from specjax import config, model
+from specjax.generate import generate
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    cfg = config.tiny()
+    return cfg, model.init_params(cfg, jax.random.key(0), scale=0.1)
+
+
+def naive_greedy(params, cfg, prompt, n):
+    toks = list(prompt)
+    for _ in range(n):
+        logits, _, _ = model.forward(params, cfg, jnp.array([toks]))
+        toks.append(int(jnp.argmax(logits[0, -1])))
+    return toks[len(prompt):]
+
+
+def test_incremental_decoding_equals_full_forward(tiny):
+    cfg, params = tiny
+    toks = jax.random.randint(jax.random.key(1), (2, 19), 0, cfg.vocab_size)
+    full, _, _ = model.forward(params, cfg, toks)
+    cache = kv.init_cache(cfg, 2, 64)
+    pieces = []
+    for a, b in [(0, 7), (7, 8), (8, 12), (12, 19)]:
+        logits, _, cache = model.forward(params, cfg, toks[:, a:b], cache)
+        pieces.append(logits)
+    inc = jnp.concatenate(pieces, axis=1)
+    assert float(jnp.linalg.norm(inc - full) / jnp.linalg.norm(full)) < 1e-6
+
+
+def test_greedy_equals_naive_and_batch_equals_alone(tiny):
+    cfg, params = tiny
+    prompts = [[5, 6, 7, 8, 9], [3, 4], list(range(10, 31))]
+    batch = generate(params, cfg, prompts, max_new_tokens=10, eos_token_ids=())
+    for i, p in enumerate(prompts):
+        alone = generate(params, cfg, [p], max_new_tokens=10, eos_token_ids=())
+        assert alone.output_ids[0] == batch.output_ids[i]
+        assert batch.output_ids[i] == naive_greedy(params, cfg, p, 10)
+
+
+def test_eos_stops_each_sequence(tiny):
+    cfg, params = tiny
+    prompts = [[5, 6, 7, 8, 9], [3, 4]]
+    free = generate(params, cfg, prompts, max_new_tokens=8, eos_token_ids=())
+    eos = free.output_ids[0][2]  # pretend the third token of prompt 0 is EOS
+    out = generate(params, cfg, prompts, max_new_tokens=8, eos_token_ids=(eos,))
+    assert out.output_ids[0] == free.output_ids[0][:3]
+    first = free.output_ids[1].index(eos) + 1 if eos in free.output_ids[1] else 8
+    assert out.output_ids[1] == free.output_ids[1][:first]
+
+
+def test_max_new_tokens_is_traced_and_respected(tiny):
+    cfg, params = tiny
+    a = generate(params, cfg, [[1, 2, 3]], max_new_tokens=5, eos_token_ids=())
+    b = generate(params, cfg, [[1, 2, 3]], max_new_tokens=9, eos_token_ids=())
+    assert len(a.output_ids[0]) == 5 and len(b.output_ids[0]) == 9
+    assert b.output_ids[0][:5] == a.output_ids[0]
+
+
+def test_fixed_seed_reproduces(tiny):
+    cfg, params = tiny
+    kw = dict(max_new_tokens=12, temperature=1.0, top_p=0.9, eos_token_ids=())
+    a = generate(params, cfg, [[1, 2, 3], [4, 5]], seed=7, **kw)
+    b = generate(params, cfg, [[1, 2, 3], [4, 5]], seed=7, **kw)
+    c = generate(params, cfg, [[1, 2, 3], [4, 5]], seed=8, **kw)
+    assert a.output_ids == b.output_ids and a.output_ids != c.output_ids
+
+
+def _first_token_counts(params, cfg, prompt, n, **kw):
+    res = generate(params, cfg, [prompt] * n, max_new_tokens=1, eos_token_ids=(), **kw)
+    return np.bincount([o[0] for o in res.output_ids], minlength=cfg.vocab_size)
+
+
+@pytest.mark.parametrize("temperature", [1.0])
+def test_sampled_frequencies_match_softmax(temperature):
+    cfg = config.tiny(vocab_size=24)
+    params = model.init_params(cfg, jax.random.key(3), scale=0.3)
+    prompt = [1, 5, 9]
+    logits, _, _ = model.forward(params, cfg, jnp.array([prompt]))
+    p = np.asarray(jax.nn.softmax(logits[0, -1] / temperature), np.float64)
+    p = p / p.sum()
+    counts = _first_token_counts(params, cfg, prompt, 6000, temperature=temperature, seed=11)
+    assert stats.chisquare(counts, p * counts.sum()).pvalue > 1e-3
+    # the test has power: sampling at the wrong temperature is rejected
+    wrong = _first_token_counts(params, cfg, prompt, 6000, temperature=0.6, seed=11)
+    assert stats.chisquare(wrong, p * wrong.sum()).pvalue < 1e-6
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(temperature=-1.0), "temperature"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+])
+def test_bad_arguments(tiny, kw, msg):
+    cfg, params = tiny
+    with pytest.raises(ValueError, match=msg):
+        generate(params, cfg, [[1, 2]], **kw)
+
+
+def test_bad_prompts(tiny):
+    cfg, params = tiny
+    with pytest.raises(ValueError, match="empty"):
+        generate(params, cfg, [[]])
+    with pytest.raises(ValueError, match="context"):
+        generate(params, cfg, [[1] * cfg.max_seq_len], max_new_tokens=4)

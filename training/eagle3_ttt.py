@@ -1,0 +1,63 @@
+"""EAGLE-3's training-time test (TTT): all rows' draft chains unrolled in parallel.
+
+Step j at row t is what decoding computes on its j-th chained draft step when the target's features
+are known up to position t: its query sits at position t+j, its input is
+``(h^{j}_t, x_{t+1+j})`` (``h^0 = g``, the fused target features; ``h^{j}`` the head's own pre-norm
+output of step j-1 at the same row), and it attends to the step-0 keys of rows ``s <= t`` (true
+features) plus the keys of steps ``1..j`` at row t (the chain so far: positions t+1..t+j).
+So step j's logits at row t predict ``x_{t+2+j}`` exactly as the decoding chain would
+(``tests/test_training.py`` checks this against ``eagle3.step`` run row by row with a KV cache).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from specjax.heads import eagle3
+
+
+def shift_left(x_BT: jax.Array, n: int) -> jax.Array:
+    """x[:, n:] padded at the end with zeros to the same length (row t gets x[t+n])."""
+    if n == 0:
+        return x_BT
+    pad = jnp.zeros((x_BT.shape[0], n) + x_BT.shape[2:], x_BT.dtype)
+    return jnp.concatenate([x_BT[:, n:], pad], axis=1)
+
+
+def ttt_attention(q_BTHd: jax.Array, k_steps: list[jax.Array], v_steps: list[jax.Array]) -> jax.Array:
+    """Causal attention to step 0's keys plus each row's own keys from steps 1..j (float32 softmax)."""
+    B, T, H, d = q_BTHd.shape
+    G = k_steps[0].shape[2]
+    q = q_BTHd.reshape(B, T, G, H // G, d)
+    scale = 1.0 / jnp.sqrt(jnp.float32(d))
+    s0 = jnp.einsum("btgrd,bsgd->bgrts", q, k_steps[0], preferred_element_type=jnp.float32) * scale
+    causal_TS = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]
+    s0 = jnp.where(causal_TS, s0, -jnp.inf)
+    diag = [jnp.einsum("btgrd,btgd->bgrt", q, k, preferred_element_type=jnp.float32)[..., None] * scale
+            for k in k_steps[1:]]
+    p = jax.nn.softmax(jnp.concatenate([s0] + diag, axis=-1), axis=-1)
+    o = jnp.einsum("bgrts,bsgd->btgrd", p[..., :T].astype(v_steps[0].dtype), v_steps[0],
+                   preferred_element_type=jnp.float32)
+    for i, v in enumerate(v_steps[1:]):
+        p_i = jnp.transpose(p[..., T + i], (0, 3, 1, 2))  # [B, T, G, R]
+        o = o + p_i[..., None] * v[:, :, :, None, :].astype(jnp.float32)
+    return o.reshape(B, T, H, d).astype(q_BTHd.dtype)
+
+
+def ttt_logits(params: dict, cfg: eagle3.Eagle3Config, embed_VD: jax.Array, tokens_BT: jax.Array,
+               taps: tuple[jax.Array, ...], num_steps: int) -> list[jax.Array]:
+    """Draft-vocabulary logits [B, T, N] of steps 0..num_steps-1 (step j, row t predicts x_{t+2+j})."""
+    B, T = tokens_BT.shape
+    pos_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    h_BTD = eagle3.fuse(params, taps)
+    k_steps, v_steps, out = [], [], []
+    for j in range(num_steps):
+        emb_BTD = jnp.take(embed_VD, shift_left(tokens_BT, 1 + j), axis=0)
+        x = eagle3.layer_input(params, cfg, emb_BTD, h_BTD)
+        q_BTHd, k_BTGd, v_BTGd = eagle3.qkv(params, cfg, x, pos_BT + j)
+        k_steps.append(k_BTGd)
+        v_steps.append(v_BTGd)
+        h_BTD = eagle3.finish(params, cfg, h_BTD, ttt_attention(q_BTHd, k_steps, v_steps))
+        out.append(eagle3.logits(params, cfg, h_BTD))
+    return out

@@ -1,0 +1,118 @@
+"""The generic training loop: a jitted step with donated state, Optax AdamW (warmup + cosine,
+global-norm clipping), float32 master weights with bf16 (or fp32) compute, Orbax checkpoints with
+the data position, and a tqdm bar showing the loss and the acceptance proxy per offset.
+
+``loss_fn(params, frozen, batch) -> (loss, {"loss_k": [K], "acc_k": [K]})`` receives the params cast
+to the compute dtype; gradients flow back through the cast into the float32 masters. A run with a
+checkpoint folder resumes from its latest checkpoint and then follows the identical trajectory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from tqdm.auto import tqdm
+
+from training.checkpoint import Checkpointer
+from training.data import TokenDataset
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 100
+    batch_size: int = 8
+    lr: float = 1e-3
+    warmup_steps: int = 10
+    end_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    clip_norm: float = 1.0
+    compute_dtype: str = "float32"  # "bfloat16" on GPU
+    seed: int = 0  # data order
+    ckpt_dir: str | None = None
+    ckpt_every: int = 100
+    log_every: int = 1  # steps between host reads of the metrics (the bar and history update then)
+    progress: bool = True
+
+    def __post_init__(self):
+        if self.steps <= 0 or self.batch_size <= 0 or self.lr <= 0:
+            raise ValueError(f"steps, batch_size and lr must be positive, got {self.steps}, {self.batch_size}, {self.lr}")
+        if self.compute_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"compute_dtype must be 'float32' or 'bfloat16', got {self.compute_dtype!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    params: dict  # float32 master weights
+    history: list[dict]  # one record per step run in this call: step, loss, loss_k, acc_k
+    start_step: int  # the step this call started from (> 0 when resumed)
+
+
+def make_optimizer(tc: TrainConfig) -> optax.GradientTransformation:
+    sched = optax.warmup_cosine_decay_schedule(0.0, tc.lr, min(tc.warmup_steps, tc.steps - 1),
+                                               max(tc.steps, tc.warmup_steps + 1), tc.lr * tc.end_lr_ratio)
+    return optax.chain(optax.clip_by_global_norm(tc.clip_norm),
+                       optax.adamw(sched, b1=0.9, b2=0.95, weight_decay=tc.weight_decay))
+
+
+def make_step(loss_fn: Callable, opt: optax.GradientTransformation, compute_dtype) -> Callable:
+    def step(state, frozen, batch):
+        def f(p):
+            return loss_fn(jax.tree.map(lambda x: x.astype(compute_dtype), p), frozen, batch)
+        (loss, metrics), grads = jax.value_and_grad(f, has_aux=True)(state["params"])
+        updates, opt_state = opt.update(grads, state["opt_state"], state["params"])
+        new = {"step": state["step"] + 1, "params": optax.apply_updates(state["params"], updates),
+               "opt_state": opt_state}
+        return new, loss, metrics
+    return jax.jit(step, donate_argnums=0)
+
+
+def _postfix(loss: float, acc_k: np.ndarray) -> dict:
+    return {"loss": f"{loss:.3f}", "acc": " ".join(f"{a:.2f}" for a in acc_k)}
+
+
+def train(loss_fn: Callable, params: dict, frozen, data: TokenDataset, tc: TrainConfig, *,
+          stop_after: int | None = None, callback: Callable[[dict], None] | None = None,
+          desc: str = "train") -> TrainResult:
+    """Run ``tc.steps`` steps, resuming from the latest checkpoint in ``tc.ckpt_dir`` if there is one.
+
+    ``stop_after`` ends this call after that global step without a final checkpoint (as a crash
+    would); ``callback`` gets each history record as the metrics reach the host."""
+    opt = make_optimizer(tc)
+    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+    state = {"step": jnp.int32(0), "params": params, "opt_state": opt.init(params)}
+    ckpt = Checkpointer(tc.ckpt_dir) if tc.ckpt_dir else None
+    if ckpt is not None and ckpt.latest_step() is not None:
+        state, meta = ckpt.restore(state)
+        if meta.get("data_seed") != tc.seed or meta.get("batch_size") != tc.batch_size:
+            raise ValueError(f"checkpoint in {tc.ckpt_dir} was written with data seed {meta.get('data_seed')} and "
+                             f"batch size {meta.get('batch_size')}; this run uses {tc.seed} and {tc.batch_size}")
+    start = int(state["step"])
+    step_fn = make_step(loss_fn, opt, jnp.dtype(tc.compute_dtype))
+    end = tc.steps if stop_after is None else min(tc.steps, stop_after)
+    history, pending = [], []
+    bar = tqdm(range(start, end), desc=desc, disable=not tc.progress, initial=start, total=tc.steps)
+    try:
+        for i in bar:
+            batch = {k: jnp.asarray(v) for k, v in data.batch(i, tc.batch_size, tc.seed).items()}
+            state, loss, metrics = step_fn(state, frozen, batch)
+            pending.append((i + 1, loss, metrics))
+            if (i + 1) % tc.log_every == 0 or i + 1 == end:
+                history += [{"step": s, "loss": float(l), "loss_k": np.asarray(m["loss_k"]).tolist(),
+                             "acc_k": np.asarray(m["acc_k"]).tolist()} for s, l, m in pending]
+                if callback is not None:
+                    for rec in history[len(history) - len(pending):]:
+                        callback(rec)
+                pending = []
+                bar.set_postfix(_postfix(history[-1]["loss"], history[-1]["acc_k"]), refresh=False)
+            if ckpt is not None and ((i + 1) % tc.ckpt_every == 0 or i + 1 == tc.steps):
+                ckpt.save(i + 1, state, {"data_position": i + 1, "data_seed": tc.seed, "batch_size": tc.batch_size})
+    finally:
+        bar.close()
+        if ckpt is not None:
+            ckpt.close()
+    return TrainResult(params=state["params"], history=history, start_step=start)
