@@ -86,7 +86,7 @@ def main(argv=None) -> None:
             row[f"{name}_tflops"] = None if ms is None else round(flops / ms / 1e9, 1)
         print(row, flush=True)
         rows.append(row)
-    _write(rows, dev, args.out, " ".join(["python3", *sys.argv]))
+        _write(rows, dev, args.out, " ".join(["python3", *sys.argv]), quiet=len(rows) < len(jobs))
 
 
 def _try_compile(fn, args):
@@ -96,7 +96,8 @@ def _try_compile(fn, args):
         pass
 
 
-def _write(rows, dev, out_dir, command) -> None:
+def _write(rows, dev, out_dir, command, quiet=False) -> None:
+    """Rewrites the JSON and markdown table (after every row, so a cut-off run keeps its rows)."""
     name = "h200" if "H200" in dev.device_kind else "h100" if "H100" in dev.device_kind else \
         dev.device_kind.replace(" ", "_").lower()
     date = datetime.date.today().isoformat()
@@ -119,7 +120,8 @@ def _write(rows, dev, out_dir, command) -> None:
         with open(tmp, "w") as f:
             f.write(text)
         os.replace(tmp, path)
-    print("\n".join(md))
+    if not quiet:
+        print("\n".join(md))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,18 @@
+"""specjax: exact speculative decoding in JAX.
+
+    import specjax
+    lm = specjax.load("smollm2-135m-instruct")            # after `specjax fetch`
+    ids = lm.encode("Name three primes.", chat=True)
+    out = specjax.generate(lm.params, lm.cfg, [ids], max_new_tokens=64)
+    print(lm.decode(out.output_ids[0]))
+"""
+
+from specjax.cache import KVCache, init_cache
+from specjax.config import ModelConfig
+from specjax.generate import GenerateResult, generate
+from specjax.model import forward, init_params
+from specjax.pipeline import LoadedModel, load
+from specjax.sampling import SamplingParams
+
+__all__ = ["KVCache", "init_cache", "ModelConfig", "GenerateResult", "generate", "forward", "init_params",
+           "LoadedModel", "load", "SamplingParams"]

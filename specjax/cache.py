@@ -48,8 +48,12 @@ def init_cache(cfg: ModelConfig, batch: int, capacity: int, dtype=jnp.float32, n
 
 def write(cache_BSGd: jax.Array, new_BTGd: jax.Array, start_B: jax.Array) -> jax.Array:
     """Write T new rows per sequence at that sequence's own start slot (ragged batch)."""
+    new_BTGd = new_BTGd.astype(cache_BSGd.dtype)
+    if cache_BSGd.shape[0] == 1:  # one in-place dynamic-update-slice instead of a scatter
+        return jax.lax.dynamic_update_slice(cache_BSGd, new_BTGd, (0, start_B[0], 0, 0))
+
     def one(c_SGd, x_TGd, s):
-        return jax.lax.dynamic_update_slice(c_SGd, x_TGd.astype(c_SGd.dtype), (s, 0, 0))
+        return jax.lax.dynamic_update_slice(c_SGd, x_TGd, (s, 0, 0))
     return jax.vmap(one)(cache_BSGd, new_BTGd, start_B)
 
 

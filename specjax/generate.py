@@ -114,13 +114,17 @@ class GenerateResult:
 
 def generate(params, cfg: ModelConfig, prompts: list[list[int]], *, max_new_tokens: int = 64,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-             eos_token_ids: tuple[int, ...] | None = None) -> GenerateResult:
-    """Generate for a batch of token-id prompts of different lengths. temperature 0 = greedy."""
+             eos_token_ids: tuple[int, ...] | None = None, pad_to: int = 0) -> GenerateResult:
+    """Generate for a batch of token-id prompts of different lengths. temperature 0 = greedy.
+
+    ``pad_to`` fixes the prompt width (rounded up to a power of two) so that a sweep over prompts of
+    different lengths compiles once."""
     validate_request(cfg, prompts, max_new_tokens)
     sp = SamplingParams.make(temperature, top_k, top_p)
     eos = tuple(cfg.eos_token_ids if eos_token_ids is None else eos_token_ids)
-    width = bucket(max(len(p) for p in prompts))
-    capacity = bucket(max(width, max(len(p) for p in prompts) + max_new_tokens), 256)
+    width = bucket(max(pad_to, max(len(p) for p in prompts)))
+    need = width + max_new_tokens if pad_to else max(width, max(len(p) for p in prompts) + max_new_tokens)
+    capacity = bucket(need, 256)
     toks, lens = pad_prompts(prompts, width)
     args = (params, jnp.asarray(toks), jnp.asarray(lens), jnp.int32(max_new_tokens), sp, jax.random.key(seed))
     t0 = time.perf_counter()

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 
 from specjax import assets
 from specjax.config import ModelConfig
-from specjax.loading import load_model
+from specjax.loading import load_gguf, load_hf
+from specjax.loading.gguf_file import open_reader
 from specjax.tokenizer import Tokenizer
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -43,10 +44,12 @@ def load(name_or_path: str | os.PathLike = "smollm2-135m-instruct", dtype: str =
     path = assets.resolve_model(name_or_path)
     if path.suffix == ".gguf":
         assets.verify_gguf(path)
-        tok = Tokenizer.from_gguf(path)
+        reader = open_reader(path)  # parsed once, shared by tokenizer and weights
+        tok = Tokenizer.from_gguf(path, reader=reader)
+        cfg, params = load_gguf(path, DTYPES[dtype], reader=reader)
     else:
         tok = Tokenizer.from_hf_dir(path)
-    cfg, params = load_model(path, DTYPES[dtype])
+        cfg, params = load_hf(path, DTYPES[dtype])
     if tok.eos_token_ids and not cfg.eos_token_ids:
         cfg = cfg.replace(eos_token_ids=tuple(tok.eos_token_ids))
     return LoadedModel(cfg=cfg, params=params, tokenizer=tok, path=path)

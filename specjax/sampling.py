@@ -38,34 +38,47 @@ def greedy(sp: SamplingParams) -> jax.Array:
     return sp.temperature <= 0
 
 
-def filtered_logits(logits_NV: jax.Array, sp: SamplingParams) -> jax.Array:
-    """Temperature-scaled logits with tokens outside top-k / top-p set to -inf (float32)."""
-    x = logits_NV.astype(jnp.float32) / jnp.maximum(sp.temperature, 1e-6)
-    V = x.shape[-1]
-    sorted_desc = -jnp.sort(-x, axis=-1)
+def _top_k_top_p(x_NV: jax.Array, sp: SamplingParams) -> jax.Array:
+    V = x_NV.shape[-1]
+    sorted_desc = -jnp.sort(-x_NV, axis=-1)
     k = jnp.where(sp.top_k > 0, jnp.minimum(sp.top_k, V), V)
-    kth = jnp.take_along_axis(sorted_desc, jnp.broadcast_to(k - 1, x.shape[:-1] + (1,)), axis=-1)
-    x = jnp.where(x < kth, -jnp.inf, x)
+    kth = jnp.take_along_axis(sorted_desc, jnp.broadcast_to(k - 1, x_NV.shape[:-1] + (1,)), axis=-1)
+    x_NV = jnp.where(x_NV < kth, -jnp.inf, x_NV)
     # top-p on the top-k-filtered distribution: keep the smallest prefix whose mass reaches p
     sorted_desc = jnp.where(jnp.arange(V) < k, sorted_desc, -jnp.inf)
     p_sorted = jax.nn.softmax(sorted_desc, axis=-1)
     mass_before = jnp.cumsum(p_sorted, axis=-1) - p_sorted
-    keep = mass_before < sp.top_p
-    cutoff = jnp.min(jnp.where(keep, sorted_desc, jnp.inf), axis=-1, keepdims=True)
-    return jnp.where(x < cutoff, -jnp.inf, x)
+    cutoff = jnp.min(jnp.where(mass_before < sp.top_p, sorted_desc, jnp.inf), axis=-1, keepdims=True)
+    return jnp.where(x_NV < cutoff, -jnp.inf, x_NV)
+
+
+def filtered_logits(logits_NV: jax.Array, sp: SamplingParams) -> jax.Array:
+    """Temperature-scaled logits with tokens outside top-k / top-p set to -inf (float32).
+
+    The vocabulary sort runs only when top-k or top-p is active (``lax.cond``)."""
+    x = logits_NV.astype(jnp.float32) / jnp.maximum(sp.temperature, 1e-6)
+    active = (sp.top_k > 0) | (sp.top_p < 1)
+    return jax.lax.cond(active, _top_k_top_p, lambda x, sp: x, x, sp)
 
 
 def probs(logits_NV: jax.Array, sp: SamplingParams) -> jax.Array:
     """The distribution tokens are drawn from: softmax of filtered logits, or one-hot argmax if greedy."""
-    onehot = jax.nn.one_hot(jnp.argmax(logits_NV, axis=-1), logits_NV.shape[-1], dtype=jnp.float32)
-    soft = jax.nn.softmax(filtered_logits(logits_NV, sp), axis=-1)
-    return jnp.where(greedy(sp), onehot, soft)
+    def onehot(logits, sp):
+        return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+
+    def soft(logits, sp):
+        return jax.nn.softmax(filtered_logits(logits, sp), axis=-1)
+    return jax.lax.cond(greedy(sp), onehot, soft, logits_NV, sp)
 
 
 def sample(key: jax.Array, logits_NV: jax.Array, sp: SamplingParams) -> jax.Array:
-    """Draw one token per row (argmax when greedy). Returns int32 [...]."""
-    drawn = jax.random.categorical(key, filtered_logits(logits_NV, sp), axis=-1)
-    return jnp.where(greedy(sp), jnp.argmax(logits_NV, axis=-1), drawn).astype(jnp.int32)
+    """Draw one token per row (argmax when greedy; only the taken branch runs). Returns int32."""
+    def argmax(key, logits, sp):
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    def draw(key, logits, sp):
+        return jax.random.categorical(key, filtered_logits(logits, sp), axis=-1).astype(jnp.int32)
+    return jax.lax.cond(greedy(sp), argmax, draw, key, logits_NV, sp)
 
 
 def sample_from_probs(key: jax.Array, p_NV: jax.Array) -> jax.Array:

@@ -61,8 +61,9 @@ class Tokenizer:
     special_tokens: dict  # bos_token / eos_token / pad_token / unk_token strings, for templates
 
     @classmethod
-    def from_gguf(cls, path: str | os.PathLike) -> Tokenizer:
-        reader = gguf.GGUFReader(path)
+    def from_gguf(cls, path: str | os.PathLike, reader: gguf.GGUFReader | None = None) -> Tokenizer:
+        """Build from GGUF metadata; pass an open ``reader`` to avoid parsing the header twice."""
+        reader = gguf.GGUFReader(path) if reader is None else reader
 
         def field(key, default=None):
             f = reader.fields.get(key)

@@ -83,7 +83,7 @@ def train(loss_fn: Callable, params: dict, frozen, data: TokenDataset, tc: Train
     ``stop_after`` ends this call after that global step without a final checkpoint (as a crash
     would); ``callback`` gets each history record as the metrics reach the host."""
     opt = make_optimizer(tc)
-    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+    params = jax.tree.map(lambda x: jnp.array(x, jnp.float32, copy=True), params)  # own buffers: the state is donated
     state = {"step": jnp.int32(0), "params": params, "opt_state": opt.init(params)}
     ckpt = Checkpointer(tc.ckpt_dir) if tc.ckpt_dir else None
     if ckpt is not None and ckpt.latest_step() is not None:

@@ -98,8 +98,10 @@ def dequantize(tensor) -> np.ndarray:
     return np.asarray(w, dtype=np.float32).reshape(shape)
 
 
-def load_gguf(path: str | os.PathLike, dtype) -> tuple[ModelConfig, dict]:
-    reader = open_reader(path)
+def load_gguf(path: str | os.PathLike, dtype, reader: gguf.GGUFReader | None = None) -> tuple[ModelConfig, dict]:
+    """Load a GGUF file; pass ``reader`` (from :func:`open_reader`) to reuse an already parsed header
+    (parsing SmolLM2's 49k-token vocabulary takes the gguf package a few seconds)."""
+    reader = open_reader(path) if reader is None else reader
     cfg = config_from_metadata(reader, str(path))
     steps = namemap.plan("gguf", cfg)
     namemap.check(steps, tensor_shapes(reader), namemap.ignored_names("gguf", cfg), str(path))

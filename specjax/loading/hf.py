@@ -87,18 +87,22 @@ def _shard_of(folder: Path) -> dict[str, Path]:
         return {name: folder / file for name, file in weight_map.items()}
     if not (folder / SINGLE).is_file():
         raise CheckpointError(f"{folder} has neither {SINGLE} nor {INDEX}; found {sorted(os.listdir(folder))}")
-    with safe_open(folder / SINGLE, framework="numpy") as f:
-        return {name: folder / SINGLE for name in f.keys()}
+    return {name: folder / SINGLE for name in _header(folder / SINGLE)}
+
+
+def _header(file: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape of one safetensors file, without reading the data."""
+    try:
+        with safe_open(file, framework="numpy") as f:
+            return {n: tuple(f.get_slice(n).get_shape()) for n in f.keys()}
+    except Exception as e:  # safetensors raises its own SafetensorError on bad headers
+        raise CheckpointError(f"cannot read safetensors file {file} (missing, truncated or corrupt?): {e}") from e
 
 
 def _shapes(shard_of: dict[str, Path]) -> dict[str, tuple[int, ...]]:
     shapes = {}
     for file in sorted(set(shard_of.values())):
-        try:
-            with safe_open(file, framework="numpy") as f:
-                shapes.update({n: tuple(f.get_slice(n).get_shape()) for n in f.keys() if shard_of.get(n) == file})
-        except Exception as e:  # safetensors raises its own SafetensorError on bad headers
-            raise CheckpointError(f"cannot read safetensors file {file} (missing, truncated or corrupt?): {e}") from e
+        shapes.update({n: s for n, s in _header(file).items() if shard_of.get(n) == file})
     return shapes
 
 

@@ -1,0 +1,143 @@
+"""Autoregressive decode ms/token at B=1 and B=8 vs the HBM roofline, plus HF transformers greedy.
+
+    python benchmarks/bench_decode.py [--gguf PATH] [--hf-prompts N] [--skip-8b]
+
+ms/token is the slope between two runs of the same compiled loop (max_new_tokens is traced), so
+prefill and compilation drop out. Roofline = weight bytes read per step / copy bandwidth measured
+in the same run. Writes benchmarks/results/decode_<device>_<date>.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import common
+from specjax import config, model
+from specjax.generate import generate
+
+
+SMOLLM2_SHAPE = config.ModelConfig(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536,
+                                   rope_theta=100000.0, tie_embeddings=True, max_seq_len=8192, eos_token_ids=(2,))
+
+
+def weight_bytes(params: dict, cfg) -> int:
+    """Bytes of weights one decode step must read (the embedding gather reads one row per token)."""
+    leaves = jax.tree_util.tree_leaves({k: v for k, v in params.items() if k != "embed"})
+    n = sum(x.size * x.dtype.itemsize for x in leaves)
+    if cfg.tie_embeddings:  # the embedding doubles as the LM head
+        n += params["embed"].size * params["embed"].dtype.itemsize
+    return n
+
+
+def decode_ms_per_token(params, cfg, batch: int, prompt_len: int, n_lo: int, n_hi: int, repeats: int = 3):
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(10, cfg.vocab_size - 10, prompt_len).tolist() for _ in range(batch)]
+
+    def run(n):
+        times = [generate(params, cfg, prompts, max_new_tokens=n, eos_token_ids=()).seconds for _ in range(repeats + 1)]
+        return float(np.median(times[1:]))
+    lo, hi = run(n_lo), run(n_hi)
+    return 1000 * (hi - lo) / (n_hi - n_lo)
+
+
+def bench_model(name, params, cfg, bw, prompt_len, n_lo, n_hi):
+    rows = []
+    wb = weight_bytes(params, cfg)
+    for batch in (1, 8):
+        ms = decode_ms_per_token(params, cfg, batch, prompt_len, n_lo, n_hi)
+        roof = 1000 * wb / bw
+        rows.append({"model": name, "B": batch, "ms_per_token": ms, "roofline_ms": roof,
+                     "pct_roofline": 100 * roof / ms, "tokens_per_s": 1000 * batch / ms,
+                     "prompt_len": prompt_len, "weight_GB": wb / 1e9})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def hf_greedy(gguf_path: str, prompts: list[list[int]], max_new: int) -> dict:
+    """Hugging Face transformers greedy generation with the same GGUF, prompts and budget (bf16)."""
+    import os
+    import torch
+    from transformers import AutoModelForCausalLM
+    m = AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path),
+                                             torch_dtype=torch.bfloat16).cuda().eval()
+    total, secs = 0, 0.0
+    with torch.inference_mode():
+        warm = torch.tensor([prompts[0]], device="cuda")
+        m.generate(warm, max_new_tokens=8, do_sample=False)
+        for p in prompts:
+            ids = torch.tensor([p], device="cuda")
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
+                             eos_token_id=None, min_new_tokens=max_new)
+            torch.cuda.synchronize()
+            secs += time.perf_counter() - t0
+            total += out.shape[1] - ids.shape[1]
+    return {"hf_tokens": total, "hf_seconds": secs, "hf_tokens_per_s": total / secs}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gguf", default=None, help="SmolLM2 GGUF path (default: the fetched asset)")
+    ap.add_argument("--prompts", default=None, help="JSON list of chat-templated MT-bench prompt ids")
+    ap.add_argument("--hf-prompts", type=int, default=10, help="MT-bench prompts for the HF comparison")
+    ap.add_argument("--max-new", type=int, default=256)
+    ap.add_argument("--models", default="8b,smollm-gguf", help="comma list of 8b, smollm-shape, smollm-gguf")
+    ap.add_argument("--tag", default="", help="suffix for the results file name (e.g. an XLA flag variant)")
+    args = ap.parse_args()
+    models = args.models.split(",")
+    res = common.header()
+    res["xla_flags"] = __import__("os").environ.get("XLA_FLAGS", "")
+    bws = common.copy_bandwidth()
+    bw = bws["best"]
+    res["bandwidth_GBps"] = {k: v / 1e9 for k, v in bws.items()}
+    print("bandwidth GB/s", res["bandwidth_GBps"], flush=True)
+    rows = []
+    if "smollm-shape" in models:
+        cfgs = SMOLLM2_SHAPE
+        ps = model.init_params(cfgs, jax.random.key(0), dtype=jnp.bfloat16)
+        rows += bench_model("smollm2-135m-shape (random)", ps, cfgs, bw, prompt_len=128, n_lo=64, n_hi=256)
+        del ps
+    if "8b" in models:
+        cfg8 = config.llama3_8b_shape()
+        p8 = model.init_params(cfg8, jax.random.key(0), dtype=jnp.bfloat16)
+        rows += bench_model("llama3-8b-shape (random)", p8, cfg8, bw, prompt_len=1024, n_lo=64, n_hi=512)
+        del p8
+    if "smollm-gguf" in models:
+        from specjax.loading import load_model
+        from specjax import assets
+        path = args.gguf or str(assets.resolve_model("smollm2-135m-instruct"))
+        cfg, params = load_model(path, jnp.bfloat16)
+        rows += bench_model("smollm2-135m (GGUF, bf16)", params, cfg, bw, prompt_len=128, n_lo=64, n_hi=256)
+        if args.prompts:
+            prompts = json.load(open(args.prompts))[: args.hf_prompts]
+            ours = [generate(params, cfg, [p], max_new_tokens=args.max_new, eos_token_ids=(), pad_to=512)
+                    for p in prompts]
+            ours_tps = sum(sum(r.new_tokens) for r in ours) / sum(r.seconds for r in ours)
+            hf = hf_greedy(path, prompts, args.max_new)
+            res["mtbench_greedy"] = {"prompts": len(prompts), "max_new_tokens": args.max_new,
+                                     "specjax_tokens_per_s": ours_tps, **hf,
+                                     "speedup_vs_hf": ours_tps / hf["hf_tokens_per_s"]}
+            print(res["mtbench_greedy"], flush=True)
+    res["rows"] = rows
+    md = (f"# AR decode on {res['device_kind']} (jax {res['jax']}, {res['date']})\n\n"
+          f"XLA_FLAGS={res['xla_flags']!r}\n\n"
+          f"HBM bandwidth (max of copy and read, same run) {bw / 1e9:.0f} GB/s\n\n"
+          + common.md_table(rows, ["model", "B", "ms_per_token", "roofline_ms", "pct_roofline", "tokens_per_s"]))
+    if "mtbench_greedy" in res:
+        g = res["mtbench_greedy"]
+        md += (f"\nMT-bench greedy, {g['prompts']} prompts x {g['max_new_tokens']} tokens, B=1: specjax "
+               f"{g['specjax_tokens_per_s']:.1f} tok/s, HF transformers {g['hf_tokens_per_s']:.1f} tok/s "
+               f"({g['speedup_vs_hf']:.2f}x)\n")
+    common.write_results(f"decode_{res['device']}_{res['date']}{args.tag}", res, md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Distilled draft models on disk: an ordinary HF folder, or a slim one sharing the target's embedding.
+
+``save_draft_model(..., shared_embedding=False)`` writes an ordinary checkpoint (``config.json`` +
+``model.safetensors``, via ``specjax.loading.export_hf``) that ``load_model`` / ``--draft-model``
+read. With ``shared_embedding=True`` the embedding (and an untied LM head) — frozen copies of the
+target's — are left out and ``config.json`` says ``"specjax_shared_embeddings": true``;
+``load_draft_model`` then takes them from the target's params (a 2-layer SmolLM2 draft shrinks from
+~70 MB to ~14 MB in bf16, small enough to ship).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from specjax.config import ModelConfig
+from specjax.errors import CheckpointError
+from specjax.loading import export_hf, load_model, namemap
+from specjax.loading.build import build_params, split_params
+from specjax.loading.export_hf import _atomic_write, hf_config
+from specjax.loading.hf import SINGLE, config_from_hf
+
+SHARED_NAMES = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+def save_draft_model(folder: str | os.PathLike, params: dict, cfg: ModelConfig, *, shared_embedding: bool,
+                     extra: dict | None = None) -> Path:
+    folder = Path(folder)
+    if not shared_embedding:
+        export_hf(params, cfg, folder)
+        if extra:
+            conf = json.loads((folder / "config.json").read_text()) | extra
+            _atomic_write(folder / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(conf, indent=2) + "\n"))
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = split_params(namemap.plan("hf", cfg), params, cfg)
+    tensors = {n: np.ascontiguousarray(w) for n, w in tensors.items() if n not in SHARED_NAMES}
+    _atomic_write(folder / SINGLE, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    conf = hf_config(cfg, str(np.asarray(params["final_norm"]).dtype)) | {"specjax_shared_embeddings": True} | (extra or {})
+    _atomic_write(folder / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(conf, indent=2) + "\n"))
+    return folder
+
+
+def load_draft_model(folder: str | os.PathLike, target_params: dict | None = None, dtype=None) -> tuple[ModelConfig, dict]:
+    """``(cfg, params)``; a slim folder takes its embedding (and untied LM head) from ``target_params``."""
+    folder = Path(folder)
+    try:
+        conf = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read {folder}/config.json: {e}") from e
+    if not conf.get("specjax_shared_embeddings"):
+        return load_model(folder, dtype) if dtype is not None else load_model(folder)
+    if target_params is None:
+        raise ValueError(f"{folder} shares the target's embedding: pass target_params to load_draft_model")
+    cfg = config_from_hf(conf, str(folder / "config.json"))
+    shared = {"model.embed_tokens.weight": np.asarray(target_params["embed"])}
+    if not cfg.tie_embeddings:
+        shared["lm_head.weight"] = np.asarray(target_params["lm_head"]).T
+    dtype = dtype if dtype is not None else np.asarray(target_params["embed"]).dtype
+    steps = namemap.plan("hf", cfg)
+    try:
+        with safe_open(folder / SINGLE, framework="numpy") as f:
+            shapes = {n: tuple(f.get_slice(n).get_shape()) for n in f.keys()} | {n: x.shape for n, x in shared.items()}
+            namemap.check(steps, shapes, set(), str(folder))
+            return cfg, build_params(steps, lambda n: shared[n] if n in shared else f.get_tensor(n), cfg, dtype)
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise CheckpointError(f"reading {folder}/{SINGLE} failed (missing, truncated or corrupt?): {e}") from e

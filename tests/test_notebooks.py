@@ -1,0 +1,23 @@
+"""Execute the notebooks on CPU (small settings) so they cannot rot."""
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from specjax import assets
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+NEEDS_ASSETS = {"01_quickstart.ipynb"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_runs(path, monkeypatch):
+    if path.name in NEEDS_ASSETS and not assets.asset_path("smollm2-135m-instruct").is_file():
+        pytest.skip("SmolLM2 GGUF not fetched: run `specjax fetch` (or `make test`, which fetches)")
+    monkeypatch.setenv("SPECJAX_NOTEBOOK_SMALL", "1")
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors

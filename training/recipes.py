@@ -1,0 +1,65 @@
+"""The three recipes on one corpus: EAGLE-3 head, Medusa heads, distilled draft model.
+
+Each takes the frozen target ``(cfg, tp)`` (in the compute dtype), a ``TokenDataset`` and a
+``TrainConfig`` and returns the trained float32 params with the ``TrainResult``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.config import ModelConfig
+from specjax.heads import eagle3, medusa
+from training import data, losses
+from training.loop import TrainConfig, TrainResult, train
+
+
+def train_eagle3(tp: dict, cfg: ModelConfig, ds: data.TokenDataset, tc: TrainConfig, *, draft_vocab_size: int,
+                 ttt_steps: int = 7, decay: float = 0.8, seed: int = 0):
+    """-> (Eagle3Config, params, draft_ids_N, TrainResult). The draft vocabulary is the most frequent
+    response tokens of ``ds``; the LM head starts from the target's rows for it."""
+    ids_N = jnp.asarray(data.draft_vocab(data.response_token_counts(ds, cfg.vocab_size), draft_vocab_size))
+    ecfg = eagle3.Eagle3Config(cfg, draft_vocab_size)
+    params = eagle3.init_params(ecfg, jax.random.key(seed), tp, ids_N)
+    loss = functools.partial(losses.eagle3_loss, cfg=ecfg, num_steps=ttt_steps, decay=decay)
+    res = train(loss, params, {"target": tp, "draft_ids": ids_N}, ds, tc, desc="eagle3")
+    return ecfg, res.params, ids_N, res
+
+
+def train_medusa(tp: dict, cfg: ModelConfig, ds: data.TokenDataset, tc: TrainConfig, *, num_heads: int = 4,
+                 own_lm_head: bool = False, decay: float = 0.8):
+    """-> (MedusaConfig, params, TrainResult). Residual blocks start as the identity."""
+    mcfg = medusa.MedusaConfig(cfg, num_heads=num_heads, own_lm_head=own_lm_head)
+    params = medusa.init_params(mcfg, tp)
+    loss = functools.partial(losses.medusa_loss, cfg=mcfg, decay=decay)
+    res = train(loss, params, {"target": tp}, ds, tc, desc="medusa")
+    return mcfg, res.params, res
+
+
+def shared_of(tp: dict, cfg: ModelConfig) -> dict:
+    """The target's embedding (and untied LM head), shared frozen with a draft model."""
+    return {k: tp[k] for k in ("embed", "lm_head") if k in tp and (k == "embed" or not cfg.tie_embeddings)}
+
+
+def init_draft(tp: dict, cfg: ModelConfig, n_layers: int) -> tuple[ModelConfig, dict]:
+    """A draft of ``n_layers`` layers at the target's width, started from evenly spaced target layers
+    (first and last included) and the target's final norm; only these are trained."""
+    if not 0 < n_layers < cfg.n_layers:
+        raise ValueError(f"a draft model needs 1 <= n_layers < {cfg.n_layers} (the target's depth), got {n_layers}")
+    dcfg = cfg.replace(n_layers=n_layers)
+    picks = np.linspace(0, cfg.n_layers - 1, n_layers).round().astype(int)
+    layers = [jax.tree.map(jnp.asarray, tp["layers"][int(i)]) for i in picks]
+    return dcfg, {"layers": layers, "final_norm": tp["final_norm"]}
+
+
+def train_draft(tp: dict, cfg: ModelConfig, ds: data.TokenDataset, tc: TrainConfig, *, n_layers: int = 2):
+    """-> (draft ModelConfig, full draft params incl. the shared embedding, TrainResult)."""
+    dcfg, params = init_draft(tp, cfg, n_layers)
+    shared = shared_of(tp, cfg)
+    loss = functools.partial(losses.distill_loss, cfg=dcfg, target_cfg=cfg)
+    res = train(loss, params, {"target": tp, "shared": shared}, ds, tc, desc="draft")
+    return dcfg, {**jax.tree.map(lambda x: x.astype(jnp.float32), shared), **res.params}, res

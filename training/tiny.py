@@ -1,0 +1,38 @@
+"""A tiny random target with a byte-level tokenizer and a ChatML template, for CPU tests and demos.
+
+Token ids 0..255 are bytes (GPT-2 byte-level alphabet, no merges); 256..258 are
+``<|endoftext|>``, ``<|im_start|>`` and ``<|im_end|>`` (the EOS). Everything downstream (corpus,
+training, export, decoding) runs unchanged on it, in seconds.
+"""
+
+from __future__ import annotations
+
+import jax
+from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+
+from specjax import config, model
+from specjax.config import ModelConfig
+from specjax.tokenizer import Tokenizer
+
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def tokenizer() -> Tokenizer:
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    backend = HFTokenizer(models.BPE({c: i for i, c in enumerate(alphabet)}, [], fuse_unk=False))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIALS])
+    return Tokenizer(backend, CHATML, None, (258,), {"eos_token": "<|im_end|>", "bos_token": "<|endoftext|>"})
+
+
+def target_config(n_layers: int = 4, max_seq_len: int = 1024) -> ModelConfig:
+    return config.tiny(vocab_size=259, n_layers=n_layers, eos_token_ids=(258,), bos_token_id=256, max_seq_len=max_seq_len)
+
+
+def target(seed: int = 0, n_layers: int = 4, max_seq_len: int = 1024) -> tuple[ModelConfig, dict]:
+    """A random 4-layer llama over the tiny tokenizer's 259 ids (EOS = <|im_end|>)."""
+    cfg = target_config(n_layers, max_seq_len)
+    return cfg, model.init_params(cfg, jax.random.key(seed), scale=0.1)
