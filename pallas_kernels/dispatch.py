@@ -4,8 +4,8 @@ None means "not applicable here, use the reference". The kernel applies to the m
 verify calls: q [B,T,H,d] with T >= 2, k/v cache [B,S,G,d], bf16 or fp16, head dim 64/128/256,
 H % G == 0. Mask: key slot s is visible to the query at position q_pos[b, t] iff s <= q_pos[b, t]
 (slots past a sequence's valid length lie past its positions, so they are masked by the same rule).
-Decode (T == 1) returns None: a 128-row query tile for one row was not measured faster than the
-reference (see NOTES.md).
+Decode (T == 1) returns None: the kernel spends a 128-row query tile on one row, and no
+measurement shows it faster than the reference there (none was made).
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ class TuningConfig:
 
 
 def default_config(head_dim: int) -> TuningConfig:
-    """Largest KV block that fits 227 KiB of SMEM with a 2-deep ring (measured in NOTES.md)."""
+    """Largest KV block that fits 227 KiB of SMEM with a 2-deep ring (attention_mgpu's choice; not tuned)."""
     return TuningConfig(block_kv={64: 256, 128: 128, 256: 64}.get(head_dim, 64))
 
 

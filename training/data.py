@@ -14,12 +14,12 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from specjax.errors import CheckpointError
+from specjax.heads.files import atomic_write, atomic_write_text
 
 FORMAT = "specjax-token-shards/1"
 
@@ -83,17 +83,6 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _atomic(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def write_shards(folder: str | os.PathLike, ds: TokenDataset, *, shard_rows: int = 4096, meta: dict | None = None) -> Path:
     """Write ``ds`` as shards + ``manifest.json`` (written last, so a complete manifest means a complete corpus)."""
     folder = Path(folder)
@@ -105,10 +94,10 @@ def write_shards(folder: str | os.PathLike, ds: TokenDataset, *, shard_rows: int
         def write(tmp, a=a):
             with open(tmp, "wb") as f:
                 np.savez(f, tokens=ds.tokens_NT[a:a + shard_rows], weight=ds.weight_NT[a:a + shard_rows])
-        _atomic(path, write)
+        atomic_write(path, write)
         shards.append({"file": path.name, "rows": int(min(shard_rows, len(ds) - a)), "sha256": _sha256(path)})
     manifest = {"format": FORMAT, "seq_len": ds.seq_len, "num_examples": len(ds), "shards": shards, "meta": meta or {}}
-    _atomic(folder / "manifest.json", lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1)))
+    atomic_write_text(folder / "manifest.json", json.dumps(manifest, indent=1))
     return folder / "manifest.json"
 
 

@@ -22,7 +22,8 @@ from specjax.config import ModelConfig
 from specjax.errors import CheckpointError
 from specjax.loading import export_hf, load_model, namemap
 from specjax.loading.build import build_params, split_params
-from specjax.loading.export_hf import _atomic_write, hf_config
+from specjax.heads.files import atomic_write, atomic_write_text
+from specjax.loading.export_hf import hf_config
 from specjax.loading.hf import SINGLE, config_from_hf
 
 SHARED_NAMES = ("model.embed_tokens.weight", "lm_head.weight")
@@ -35,14 +36,14 @@ def save_draft_model(folder: str | os.PathLike, params: dict, cfg: ModelConfig, 
         export_hf(params, cfg, folder)
         if extra:
             conf = json.loads((folder / "config.json").read_text()) | extra
-            _atomic_write(folder / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(conf, indent=2) + "\n"))
+            atomic_write_text(folder / "config.json", json.dumps(conf, indent=2) + "\n")
         return folder
     folder.mkdir(parents=True, exist_ok=True)
     tensors = split_params(namemap.plan("hf", cfg), params, cfg)
     tensors = {n: np.ascontiguousarray(w) for n, w in tensors.items() if n not in SHARED_NAMES}
-    _atomic_write(folder / SINGLE, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    atomic_write(folder / SINGLE, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
     conf = hf_config(cfg, str(np.asarray(params["final_norm"]).dtype)) | {"specjax_shared_embeddings": True} | (extra or {})
-    _atomic_write(folder / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(conf, indent=2) + "\n"))
+    atomic_write_text(folder / "config.json", json.dumps(conf, indent=2) + "\n")
     return folder
 
 

@@ -24,7 +24,8 @@ from safetensors.numpy import save_file
 from specjax.config import ModelConfig
 from specjax.errors import CheckpointError
 from specjax.heads.eagle3 import Eagle3Config
-from specjax.loading.export_hf import _atomic_write, hf_config
+from specjax.heads.files import atomic_write, atomic_write_text
+from specjax.loading.export_hf import hf_config
 from specjax.loading.hf import config_from_hf
 
 WEIGHTS = "model.safetensors"
@@ -65,9 +66,9 @@ def save_eagle3(folder: str | os.PathLike, params: dict, cfg: Eagle3Config, draf
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = tensors_of(params, cfg, draft_ids_N)
-    _atomic_write(folder / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    atomic_write(folder / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
     text = json.dumps({**config_of(cfg, str(tensors["fc.weight"].dtype)), **(extra or {})}, indent=2) + "\n"
-    _atomic_write(folder / "config.json", lambda tmp: Path(tmp).write_text(text))
+    atomic_write_text(folder / "config.json", text)
     return folder
 
 

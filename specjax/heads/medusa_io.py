@@ -26,7 +26,7 @@ from safetensors.numpy import save_file
 from specjax.config import ModelConfig
 from specjax.errors import CheckpointError
 from specjax.heads.medusa import MedusaConfig
-from specjax.loading.export_hf import _atomic_write
+from specjax.heads.files import atomic_write, atomic_write_text
 
 WEIGHTS = "medusa_lm_head.safetensors"
 
@@ -54,12 +54,12 @@ def save_medusa(folder: str | os.PathLike, params: dict, cfg: MedusaConfig, *, l
     tensors = {n: np.ascontiguousarray(x) for n, x in tensors.items()}
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    _atomic_write(folder / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    atomic_write(folder / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
     config = {"medusa_num_heads": cfg.num_heads, "medusa_num_layers": cfg.num_layers, "base_model_name_or_path": base_model,
               "hidden_size": cfg.target.d_model, "vocab_size": cfg.target.vocab_size,
               "specjax_shared_lm_head": not own and lm_head == "shared", "torch_dtype": str(w.dtype), **(extra or {})}
     text = json.dumps(config, indent=2) + "\n"
-    _atomic_write(folder / "config.json", lambda tmp: Path(tmp).write_text(text))
+    atomic_write_text(folder / "config.json", text)
     return folder
 
 

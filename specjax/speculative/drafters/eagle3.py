@@ -61,7 +61,9 @@ class Eagle3(Drafter):
         T = pre.tokens_BT.shape[1]
         cache = eagle3.init_cache(self.cfg, B, S, dp["params"]["fc"].dtype)
         g_BTD = eagle3.fuse(dp["params"], pre.taps)
-        h_BTD, cache = eagle3.step(dp["params"], self.cfg, tp["embed"], pre.history_BS[:, 1:T + 1], g_BTD, cache)
+        # row s reads x_{s+1}; T may equal S, and rows >= the prompt length are overwritten later anyway
+        rows_BT = jnp.pad(pre.history_BS[:, 1:], ((0, 0), (0, 1)))[:, :T]
+        h_BTD, cache = eagle3.step(dp["params"], self.cfg, tp["embed"], rows_BT, g_BTD, cache)
         return {"cache": kv.set_lengths(cache, pre.lengths_B), "h_BD": _at(h_BTD, pre.lengths_B - 1)}
 
     def propose(self, tp, dp, state, ctx: Context, target_cache, cfg):

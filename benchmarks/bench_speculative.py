@@ -1,0 +1,119 @@
+"""Speculative vs autoregressive decoding on SmolLM2 (real weights, bf16), B=1, greedy.
+
+    python benchmarks/bench_speculative.py --gguf PATH --prompts prompt_ids.json --dataset mtbench \
+        [--methods ar,ngram:2,ngram:4,layerskip:4] [--max-new 256] [--limit N] [--batches 1,8,32]
+
+Every prompt of the dataset runs alone (B=1) through each method after one warm-up call (so
+compilation is excluded; prompts are padded to one width so each method compiles once). Reports
+tau (mean accepted length, bonus included), tokens/s, the ratio to AR measured in the same run,
+and how many outputs equal AR greedy in bf16. ``--batches`` adds batch throughput (spec over AR).
+Writes benchmarks/results/spec_<dataset>_<device>_<date>.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+
+import jax.numpy as jnp
+import numpy as np
+
+import common
+from specjax.generate import generate
+from specjax.loading import load_model
+from specjax.speculative import engine
+
+PAD = 512
+
+
+def run_method(params, cfg, prompts, method: str, k: int, max_new: int, layerskip: int | None):
+    kw = dict(max_new_tokens=max_new)
+    if method == "ar":
+        call = lambda ps: generate(params, cfg, ps, pad_to=PAD, **kw)  # noqa: E731
+    else:
+        if "pad_to" in inspect.signature(engine.speculative_generate).parameters:
+            kw["pad_to"] = PAD
+        call = lambda ps: engine.run(params, cfg, ps, method=method, num_draft=k,  # noqa: E731
+                                     layerskip_layers=layerskip, **kw)
+    call(prompts[:1])  # warm-up: compile once
+    return [call([p]) for p in prompts]
+
+
+def summarize(results, ar_outputs=None) -> dict:
+    tokens = sum(sum(r.new_tokens) for r in results)
+    seconds = sum(r.seconds for r in results)
+    row = {"prompts": len(results), "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+    if hasattr(results[0], "stats"):
+        cycles = sum(int(r.stats.cycles_B.sum()) for r in results)
+        accepted = sum(r.stats.accepted_BK.sum(axis=0) for r in results)
+        row["tau"] = 1.0 + float(accepted.sum()) / max(cycles, 1)
+        row["acceptance_per_position"] = [float(a) / max(cycles, 1) for a in accepted]
+    if ar_outputs is not None:
+        row["identical_to_ar"] = sum(r.output_ids[0] == a for r, a in zip(results, ar_outputs))
+        row["first_divergence"] = [next((i for i, (x, y) in enumerate(zip(r.output_ids[0], a)) if x != y), None)
+                                   for r, a in zip(results, ar_outputs)]
+    return row
+
+
+def batch_throughput(params, cfg, prompts, method, k, max_new, layerskip, batch):
+    ps = (prompts * ((batch + len(prompts) - 1) // len(prompts)))[:batch]
+    if method == "ar":
+        call = lambda: generate(params, cfg, ps, max_new_tokens=max_new, pad_to=PAD)  # noqa: E731
+    else:
+        call = lambda: engine.run(params, cfg, ps, method=method, num_draft=k, max_new_tokens=max_new,  # noqa: E731
+                                  layerskip_layers=layerskip)
+    call()
+    r = call()
+    return sum(r.new_tokens) / r.seconds
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gguf", required=True)
+    ap.add_argument("--prompts", required=True, help="JSON with token-id prompt lists per dataset")
+    ap.add_argument("--dataset", default="mtbench", choices=("mtbench", "humaneval"))
+    ap.add_argument("--methods", default="ar,ngram:2,ngram:4,ngram:6,ngram:8,layerskip:2,layerskip:4,layerskip:6,layerskip:8")
+    ap.add_argument("--layerskip-layers", type=int, default=None)
+    ap.add_argument("--max-new", type=int, default=256)
+    ap.add_argument("--limit", type=int, default=0, help="first N prompts only (0 = all)")
+    ap.add_argument("--batches", default="", help="e.g. 1,8,32: batch throughput for each method")
+    args = ap.parse_args()
+    data = json.load(open(args.prompts))
+    prompts = data[args.dataset][: args.limit or None]
+    cfg, params = load_model(args.gguf, jnp.bfloat16)
+    res = {**common.header(), "model": "SmolLM2-135M-Instruct (GGUF Q4_1 dequantized to bf16)",
+           "dataset": args.dataset, "max_new_tokens": args.max_new, "batch": 1, "greedy": True, "rows": []}
+    ar_out = None
+    for spec in args.methods.split(","):
+        method, _, k = spec.partition(":")
+        results = run_method(params, cfg, prompts, method, int(k or 0), args.max_new, args.layerskip_layers)
+        row = {"method": method, "K": int(k or 0), **summarize(results, ar_out)}
+        if method == "ar":
+            ar_out = [r.output_ids[0] for r in results]
+            ar_tps = row["tokens_per_s"]
+        row["speedup_vs_ar"] = row["tokens_per_s"] / ar_tps
+        if args.dataset == "mtbench" and "mtbench_category" in data:
+            cats = data["mtbench_category"][: len(results)]
+            row["per_category"] = {c: summarize([r for r, cc in zip(results, cats) if cc == c])
+                                   for c in sorted(set(cats))}
+        res["rows"].append(row)
+        print({k: v for k, v in row.items() if k not in ("first_divergence", "per_category")}, flush=True)
+    for b in [int(x) for x in args.batches.split(",") if x]:
+        for spec in args.methods.split(","):
+            method, _, k = spec.partition(":")
+            tps = batch_throughput(params, cfg, prompts[:b], method, int(k or 0), args.max_new,
+                                   args.layerskip_layers, b)
+            res.setdefault("batch_rows", []).append({"B": b, "method": method, "K": int(k or 0), "tokens_per_s": tps})
+            print(res["batch_rows"][-1], flush=True)
+    cols = ["method", "K", "tau", "tokens_per_s", "speedup_vs_ar", "identical_to_ar", "prompts"]
+    md = (f"# Speculative decoding, SmolLM2-135M bf16, {args.dataset}, B=1, greedy, {args.max_new} new tokens\n\n"
+          f"{res['device_kind']}, jax {res['jax']}, {res['date']}\n\n" + common.md_table(res["rows"], cols))
+    if "batch_rows" in res:
+        md += "\n" + common.md_table(res["batch_rows"], ["B", "method", "K", "tokens_per_s"])
+    common.write_results(f"spec_{args.dataset}_{res['device']}_{res['date']}", res, md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

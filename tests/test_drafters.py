@@ -1,0 +1,130 @@
+"""Drafters in isolation: n-gram lookup rules, layerskip's shared cache and exit heads, draft-model
+and option validation, and ``draw``."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import cache as kv
+from specjax import config, model, sampling
+from specjax.generate import generate
+from specjax.sampling import SamplingParams
+from specjax.speculative import DraftModel, LayerSkip, NGram, drafters, speculative_generate
+from specjax.speculative.drafters.base import Context, draw
+
+
+def _propose_ngram(rows, K, **kw):
+    """Proposals for histories given as token lists (the last token of each is ``last``)."""
+    S = 32
+    hist = np.full((len(rows), S), 99, np.int32)  # 99 = stale slots past the present
+    for i, r in enumerate(rows):
+        hist[i, :len(r)] = r
+    L = jnp.array([len(r) - 1 for r in rows], jnp.int32)
+    ctx = Context(jnp.asarray(hist), L, jnp.asarray(hist)[jnp.arange(len(rows)), L], jax.random.key(0),
+                  SamplingParams.make(), num_draft=K, greedy=True)
+    prop, _, _ = NGram(**kw).propose(None, None, (), ctx, None, None)
+    assert prop.q_BKV is None  # deterministic drafts: one-hot q
+    return prop.tokens_BK.tolist()
+
+
+def test_ngram_longest_then_most_recent_match_and_ragged_rows():
+    rows = [[1, 2, 3, 4, 9, 1, 2, 3],  # 3-gram [1 2 3] at 0 -> 4 9 1 2
+            [5, 6, 7, 5, 6, 8, 5, 6]]  # 2-gram [5 6] at 0 (-> 7) and 3 (-> 8): the latest wins
+    assert _propose_ngram(rows, 4, min_n=1, max_n=3) == [[4, 9, 1, 2], [8, 5, 6, 8]]
+    assert _propose_ngram(rows[1:], 2, min_n=1, max_n=3, latest=False) == [[7, 5]]
+
+
+def test_ngram_repeats_the_period_and_never_reads_stale_slots():
+    assert _propose_ngram([[1, 2, 1, 2, 1, 2]], 5, min_n=1, max_n=2) == [[1, 2, 1, 2, 1]]
+    assert 99 not in sum(_propose_ngram([[3, 4, 5, 3, 4]], 6, min_n=1, max_n=3), [])
+
+
+def test_ngram_without_match_repeats_last_and_respects_min_n():
+    assert _propose_ngram([[1, 2, 3, 4]], 3, min_n=1, max_n=3) == [[4, 4, 4]]
+    assert _propose_ngram([[7, 1, 2, 7]], 2, min_n=1, max_n=1) == [[1, 2]]
+    assert _propose_ngram([[7, 1, 2, 7]], 2, min_n=2, max_n=3) == [[7, 7]]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    cfg = config.tiny(n_layers=3)
+    return cfg, model.init_params(cfg, jax.random.key(0), scale=0.1)
+
+
+def _prefilled(cfg, params, prompt):
+    cache = kv.init_cache(cfg, 1, 32)
+    _, _, cache = model.forward(params, cfg, jnp.array([prompt[:-1]]), cache)
+    hist = jnp.zeros((1, 32), jnp.int32).at[0, :len(prompt)].set(jnp.array(prompt))
+    ctx = Context(hist, cache.lengths_B, jnp.array([prompt[-1]]), jax.random.key(0), SamplingParams.make(),
+                  num_draft=3, greedy=True)
+    return cache, ctx
+
+
+def test_layerskip_writes_only_its_layers_of_the_shared_cache(tiny):
+    cfg, params = tiny
+    cache, ctx = _prefilled(cfg, params, [4, 5, 6, 7, 8])
+    prop, _, out = LayerSkip(2).propose(params, None, (), ctx, cache, cfg)
+    assert prop.tokens_BK.shape == (1, 3)
+    assert out.lengths_B.tolist() == cache.lengths_B.tolist()
+    for i in range(cfg.n_layers):
+        same = bool(jnp.array_equal(out.k[i], cache.k[i]))
+        assert same == (i >= 2)  # layers 0, 1 got draft K/V at L..L+K-1; layer 2 untouched
+        np.testing.assert_array_equal(out.k[i][:, :4], cache.k[i][:, :4])  # the accepted past is intact
+
+
+def test_layerskip_exit_head(tiny):
+    cfg, params = tiny
+    cache, ctx = _prefilled(cfg, params, [4, 5, 6, 7, 8])
+    D = cfg.d_model
+    own = {"final_norm": params["final_norm"], "lm_head": params["lm_head"], "adapter": jnp.zeros((D, D))}
+    plain, _ = LayerSkip(1)._logits(params, None, cfg, ctx.last_B, cache)
+    same, _ = LayerSkip(1)._logits(params, own, cfg, ctx.last_B, cache)
+    np.testing.assert_allclose(same, plain, rtol=1e-5, atol=1e-6)
+    trained = {"adapter": 0.5 * jax.random.normal(jax.random.key(3), (D, D))}
+    other, _ = LayerSkip(1)._logits(params, trained, cfg, ctx.last_B, cache)
+    assert not np.allclose(other, plain, atol=1e-3)
+    # a trained exit head changes the drafts, never the output
+    prompts = [[4, 5, 6, 7, 8], [9, 10]]
+    res = speculative_generate(params, cfg, prompts, LayerSkip(1), trained, num_draft=2, max_new_tokens=9,
+                               eos_token_ids=())
+    assert res.output_ids == generate(params, cfg, prompts, max_new_tokens=9, eos_token_ids=()).output_ids
+
+
+def test_validation_errors(tiny):
+    cfg, params = tiny
+    D, V = cfg.d_model, cfg.vocab_size
+    with pytest.raises(ValueError, match="exit layer"):
+        LayerSkip(0).validate(cfg, None, 2)
+    with pytest.raises(ValueError, match="expected \\(64, 64\\)"):
+        LayerSkip(1).validate(cfg, {"adapter": jnp.zeros((D, V))}, 2)
+    with pytest.raises(ValueError, match="keys among"):
+        LayerSkip(1).validate(cfg, {"head": jnp.zeros((D, V))}, 2)
+    with pytest.raises(ValueError, match="not an early exit"):
+        LayerSkip(cfg.n_layers).validate(cfg, {"final_norm": jnp.ones((D,))}, 2)
+    with pytest.raises(ValueError, match="params dict as draft_params"):
+        DraftModel(cfg).validate(cfg, None, 2)
+    with pytest.raises(ValueError, match="vocabulary"):
+        DraftModel(config.tiny(vocab_size=V + 1)).validate(cfg, params, 2)
+    with pytest.raises(ValueError, match="no parameters"):
+        NGram().validate(cfg, params, 2)
+
+
+def test_build_from_cli_options(tiny):
+    cfg, params = tiny
+    assert drafters.build("layerskip", cfg) == (LayerSkip(1), None)  # default: half the depth
+    assert drafters.build("ngram", cfg, ngram_min=2, ngram_max=4) == (NGram(2, 4), None)
+    d, dp = drafters.build("draft", cfg, draft_model=(cfg, params))
+    assert d == DraftModel(cfg) and dp is params
+    with pytest.raises(ValueError, match="expected one of draft, layerskip, ngram"):
+        drafters.build("eagle9", cfg)
+
+
+def test_draw_uses_the_same_filtered_distribution_as_the_target():
+    logits = jax.random.normal(jax.random.key(0), (4, 16))
+    tok, q = draw(jax.random.key(1), logits, SamplingParams.make(), greedy=True)
+    assert q is None and tok.tolist() == jnp.argmax(logits, -1).tolist()
+    sp = SamplingParams.make(0.7, 5, 0.9)
+    tok, q = draw(jax.random.key(1), logits, sp, greedy=False)
+    np.testing.assert_array_equal(q, sampling.probs(logits, sp))
+    assert bool(jnp.all(jnp.take_along_axis(q, tok[:, None], 1) > 0))

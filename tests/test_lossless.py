@@ -1,0 +1,119 @@
+"""Losslessness at T > 0: the joint distribution of the first tokens that speculative decoding
+emits equals the target's exact distribution (enumerated from the model), for every drafter.
+
+Setting: a tiny model with 16 tokens, top-p 0.9, K = 2. At T = 0.7 the first 4 tokens are tested
+(prefill token, then a cycle's two drafts and, after full acceptance, its bonus), at T = 1.0 the
+first 3. Pearson chi-square over the outcomes (outcomes with expected count < 5 pooled), level
+ALPHA. Sample size: a sampler whose output is at total-variation distance >= TV from the exact
+distribution has chi-square divergence >= 4 TV^2 (Cauchy-Schwarz), so the statistic is noncentral
+chi-square with lambda >= 4 TV^2 N; N is the smallest multiple of 4096 with power >= POWER at both
+temperatures (computed below, about 50k). One batch of N identical prompts per run: rows draw
+independent randomness, so this is N independent samples from one compile.
+"""
+
+import collections
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from specjax import config, model, sampling
+from specjax.speculative import DraftModel, LayerSkip, NGram, speculative_generate, verify
+
+TV, ALPHA, POWER = 0.02, 1e-3, 0.99
+TOKENS = {0.7: 4, 1.0: 3}  # temperature -> first tokens whose joint distribution is tested
+TOP_P, K = 0.9, 2
+PROMPT = [1, 4, 6, 5, 9, 13, 5, 4, 6]  # [1] + greedy continuation + its first two tokens: n-gram hits
+
+
+def _models():
+    cfg = config.tiny(vocab_size=16, d_model=32, ffn_dim=64, eos_token_ids=(), bos_token_id=None)
+    params = model.init_params(cfg, jax.random.key(0), scale=0.5)
+    for name in ("wo", "w_down"):  # damp the last layer so an early exit after layer 1 is often accepted
+        params["layers"][1][name] = 0.3 * params["layers"][1][name]
+    noise = model.init_params(cfg, jax.random.key(9), scale=0.075)
+    perturb = lambda w, e: w + e if w.ndim == 2 else w  # noqa: E731  (matrices only; norms stay)
+    return cfg, params, jax.tree.map(perturb, params, noise)  # draft model: a perturbed copy of the target
+
+
+def exact_joint(params, cfg, temperature: float, m: int) -> dict[tuple, float]:
+    """P(first m tokens), enumerated: one forward over every prompt + (m-1)-token continuation gives
+    p(x_i | x_<i) for all prefixes at once; the joint is their product (sampling.probs: T, top-p)."""
+    sp = sampling.SamplingParams.make(temperature, 0, TOP_P)
+    V, P = cfg.vocab_size, len(PROMPT)
+    grid = np.array(list(itertools.product(range(V), repeat=m - 1)), np.int32).reshape(-1, m - 1)
+    logits, _, _ = model.forward(params, cfg, jnp.asarray(np.hstack([np.tile(PROMPT, (len(grid), 1)), grid])))
+    p = np.asarray(sampling.probs(logits[:, P - 1:], sp), np.float64)  # [N, m, V]
+    prefix = np.prod(np.take_along_axis(p[:, :-1], grid[:, :, None], axis=2)[..., 0], axis=1)
+    joint = prefix[:, None] * p[:, -1]  # [N, V]
+    return {tuple(grid[i]) + (int(t),): float(joint[i, t]) for i, t in zip(*np.nonzero(joint))}
+
+
+def _cells(exact: dict, n: int) -> list[tuple]:
+    return [k for k, v in exact.items() if v * n >= 5]
+
+
+def required_samples(exact: dict) -> int:
+    n = 4096
+    while True:
+        df = len(_cells(exact, n))  # big cells + the pooled rest, minus one
+        crit = stats.chi2.isf(ALPHA, df)
+        if stats.ncx2.sf(crit, df, 4 * TV * TV * n) >= POWER:
+            return n
+        n += 4096
+
+
+def chi2_pvalue(outputs: list[list[int]], exact: dict) -> float:
+    n = len(outputs)
+    counts = collections.Counter(tuple(o) for o in outputs)
+    outside = sum(c for k, c in counts.items() if k not in exact)
+    assert outside == 0, f"{outside} samples outside the target's top-p support"
+    cells = _cells(exact, n)
+    obs = np.array([counts[k] for k in cells] + [n - sum(counts[k] for k in cells)], np.float64)
+    exp = np.array([exact[k] for k in cells] + [max(1.0 - sum(exact[k] for k in cells), 0.0)]) * n
+    if exp[-1] < 1e-9:
+        obs, exp = obs[:-1], exp[:-1]
+    exp *= obs.sum() / exp.sum()
+    return float(stats.chi2.sf(np.sum((obs - exp) ** 2 / exp), len(obs) - 1))
+
+
+@pytest.fixture(scope="module")
+def setting():
+    cfg, params, dparams = _models()
+    exact = {t: exact_joint(params, cfg, t, m) for t, m in TOKENS.items()}
+    n = max(required_samples(e) for e in exact.values())
+    assert n <= 65536, f"the test needs {n} samples per run; retune the model to keep CI fast"
+    drafters = {"draft": (DraftModel(cfg), dparams), "layerskip": (LayerSkip(1), None), "ngram": (NGram(1, 2), None)}
+    return cfg, params, drafters, exact, n
+
+
+def _sample(setting, method, temperature, seed):
+    cfg, params, drafters, _, n = setting
+    drafter, dp = drafters[method]
+    res = speculative_generate(params, cfg, [PROMPT] * n, drafter, dp, num_draft=K, max_new_tokens=TOKENS[temperature],
+                               temperature=temperature, top_p=TOP_P, seed=seed, capacity=16)
+    return res.output_ids, res.metrics()["acceptance_per_position"]
+
+
+@pytest.mark.parametrize("method", ["draft", "layerskip", "ngram"])
+def test_speculative_sampling_is_lossless(setting, method):
+    for temperature in TOKENS:
+        outputs, acceptance = _sample(setting, method, temperature, seed=1)
+        assert acceptance[0] > 0.05, "the drafter is never accepted: the test would not exercise acceptance"
+        assert chi2_pvalue(outputs, setting[3][temperature]) > ALPHA
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_a_broken_verifier_fails_the_test(setting, method, monkeypatch):
+    """Drawing the correction from p instead of norm(max(0, p - q)) must be caught (q dense and one-hot)."""
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(verify, "residual_distribution", lambda p_BV, q_BV: p_BV)
+            jax.clear_caches()  # retrace the loop with the broken verifier
+            outputs, _ = _sample(setting, method, 1.0, seed=1)
+        assert chi2_pvalue(outputs, setting[3][1.0]) < ALPHA
+    finally:
+        jax.clear_caches()  # drop the broken traces

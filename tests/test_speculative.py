@@ -1,0 +1,138 @@
+"""The speculative loop on tiny random models: greedy identity with AR, ragged batches, EOS and
+budget cuts inside a cycle, the capacity guard, seeds, and bad input."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from specjax import config, model
+from specjax.generate import generate
+from specjax.sampling import SamplingParams
+from specjax.speculative import DraftModel, LayerSkip, NGram, loop, run, speculative_generate
+
+# mixed lengths, some repetitive (n-gram hits); MAX_NEW is not a multiple of K+1 (budget cuts a cycle)
+PROMPTS = [[5, 6, 7, 5, 6, 7, 5], [3, 4], [9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9], list(range(11, 20))]
+MAX_NEW = 13
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    cfg = config.tiny()
+    dcfg = config.tiny(n_layers=1)
+    return cfg, model.init_params(cfg, jax.random.key(0), scale=0.1), dcfg, model.init_params(dcfg, jax.random.key(5), scale=0.1)
+
+
+@pytest.fixture(scope="module")
+def ar(tiny):
+    cfg, params, _, _ = tiny
+    return generate(params, cfg, PROMPTS, max_new_tokens=MAX_NEW, eos_token_ids=()).output_ids
+
+
+def _drafter(tiny, method):
+    cfg, params, dcfg, dparams = tiny
+    return {"ngram": (NGram(1, 3), None), "layerskip": (LayerSkip(1), None), "draft": (DraftModel(dcfg), dparams),
+            "self-draft": (DraftModel(cfg), params), "full-layerskip": (LayerSkip(cfg.n_layers), None)}[method]
+
+
+def _counters_consistent(res, K):
+    for n, c, a in zip(res.new_tokens, res.stats.cycles_B, res.stats.accepted_BK.sum(axis=1)):
+        assert c <= n - 1 <= c + a  # every cycle emits >= 1 token, at most accepted + 1
+    assert res.stats.accepted_BK.shape == (len(res.output_ids), K)
+
+
+@pytest.mark.parametrize("method, K", [("ngram", 4), ("layerskip", 3), ("draft", 1), ("draft", 3)])
+def test_greedy_equals_autoregressive(tiny, ar, method, K):
+    cfg, params, _, _ = tiny
+    drafter, dp = _drafter(tiny, method)
+    res = speculative_generate(params, cfg, PROMPTS, drafter, dp, num_draft=K, max_new_tokens=MAX_NEW, eos_token_ids=())
+    assert res.output_ids == ar
+    _counters_consistent(res, K)
+    m = res.metrics()
+    assert m["method"] == method and len(m["acceptance_per_position"]) == K and m["num_cycles"] == res.stats.cycles_B.sum()
+
+
+def test_batch_equals_each_prompt_alone(tiny):
+    cfg, params, _, _ = tiny
+    drafter, dp = _drafter(tiny, "draft")
+    batch = speculative_generate(params, cfg, PROMPTS, drafter, dp, num_draft=3, max_new_tokens=MAX_NEW, eos_token_ids=())
+    for i, p in enumerate(PROMPTS):
+        alone = speculative_generate(params, cfg, [p], drafter, dp, num_draft=3, max_new_tokens=MAX_NEW, eos_token_ids=())
+        assert alone.output_ids[0] == batch.output_ids[i]
+
+
+@pytest.mark.parametrize("method", ["self-draft", "full-layerskip"])
+def test_a_drafter_equal_to_the_target_is_always_accepted(tiny, ar, method):
+    """The target as its own draft model, or layerskip through all layers (sharing the target's cache)."""
+    cfg, params, _, _ = tiny
+    drafter, dp = _drafter(tiny, method)
+    res = speculative_generate(params, cfg, PROMPTS, drafter, dp, num_draft=3, max_new_tokens=MAX_NEW, eos_token_ids=())
+    assert res.output_ids == ar
+    m = res.metrics()
+    assert m["acceptance_per_position"] == [1.0, 1.0, 1.0] and m["mean_accepted"] == 4.0
+    assert res.stats.cycles_B.tolist() == [-(-(MAX_NEW - 1) // 4)] * len(PROMPTS)  # ceil(12 / 4) cycles each
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_eos_stops_each_sequence_inside_a_cycle(tiny, ar, method):
+    cfg, params, _, _ = tiny
+    eos = ar[0][4]  # pretend the fifth token of prompt 0 is EOS
+    want = generate(params, cfg, PROMPTS, max_new_tokens=MAX_NEW, eos_token_ids=(eos,)).output_ids
+    assert want[0] == ar[0][:5]
+    drafter, dp = _drafter(tiny, method)
+    res = speculative_generate(params, cfg, PROMPTS, drafter, dp, num_draft=3, max_new_tokens=MAX_NEW,
+                               eos_token_ids=(eos,))
+    assert res.output_ids == want
+
+
+def test_capacity_guard_inside_the_jit(tiny, ar):
+    """Called directly with too small a cache, the loop shortens the budget instead of clamping writes."""
+    cfg, params, _, _ = tiny
+    K, capacity = 3, 20
+    toks = jnp.array([PROMPTS[1] + [0] * 14], jnp.int32)
+    sp = SamplingParams.make()
+    kw = dict(cfg=cfg, drafter=NGram(1, 3), eos_ids=())
+    state = loop.prefill(params, None, toks, jnp.array([2]), jnp.int32(100), sp, jax.random.key(0),
+                         capacity=capacity, num_draft=K, **kw)
+    assert int(state.budget_B[0]) == capacity - K - 1 - 2
+    state = loop.decode(params, None, state, sp, greedy=True, **kw)
+    out = loop.outputs(state, [2])[0]
+    assert out == generate(params, cfg, [PROMPTS[1]], max_new_tokens=len(out), eos_token_ids=()).output_ids[0]
+
+
+def test_fixed_seed_reproduces(tiny):
+    cfg, params, _, _ = tiny
+    kw = dict(num_draft=3, max_new_tokens=MAX_NEW, temperature=1.0, top_p=0.9, eos_token_ids=())
+    a = speculative_generate(params, cfg, PROMPTS, NGram(1, 3), seed=7, **kw)
+    b = speculative_generate(params, cfg, PROMPTS, NGram(1, 3), seed=7, **kw)
+    c = speculative_generate(params, cfg, PROMPTS, NGram(1, 3), seed=8, **kw)
+    assert a.output_ids == b.output_ids and a.output_ids != c.output_ids
+
+
+@pytest.mark.parametrize("K", [0, -1, 33, 2.5, True])
+def test_bad_num_draft(tiny, K):
+    cfg, params, _, _ = tiny
+    with pytest.raises(ValueError, match="num_draft"):
+        speculative_generate(params, cfg, PROMPTS, NGram(), num_draft=K)
+    with pytest.raises(ValueError, match="num_draft"):
+        run(params, cfg, PROMPTS, method="ngram", num_draft=K)
+
+
+def test_bad_drafters_and_options(tiny):
+    cfg, params, _, _ = tiny
+    small = config.tiny(vocab_size=128)
+    with pytest.raises(ValueError, match="vocabulary"):
+        speculative_generate(params, cfg, PROMPTS, DraftModel(small), model.init_params(small, jax.random.key(1)))
+    with pytest.raises(ValueError, match="vocabulary"):
+        run(params, cfg, PROMPTS, method="draft", num_draft=2, draft_model=(small, model.init_params(small, jax.random.key(1))))
+    with pytest.raises(ValueError, match="unknown speculative method 'medusa2'"):
+        run(params, cfg, PROMPTS, method="medusa2", num_draft=2)
+    with pytest.raises(ValueError, match="needs a draft model"):
+        run(params, cfg, PROMPTS, method="draft", num_draft=2)
+    with pytest.raises(ValueError, match="exit layer"):
+        speculative_generate(params, cfg, PROMPTS, LayerSkip(cfg.n_layers + 1))
+    with pytest.raises(ValueError, match="n-gram sizes"):
+        speculative_generate(params, cfg, PROMPTS, NGram(3, 2))
+    with pytest.raises(ValueError, match="capacity 16 is too small"):
+        speculative_generate(params, cfg, PROMPTS, NGram(), num_draft=4, max_new_tokens=MAX_NEW, capacity=16)
+    with pytest.raises(ValueError, match="must be a specjax"):
+        speculative_generate(params, cfg, PROMPTS, "ngram")

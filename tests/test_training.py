@@ -1,0 +1,206 @@
+"""Training on a tiny random target (CPU, fp32): TTT equals the decoding chain, losses drop, a killed
+run resumes on the identical trajectory, data/corpus plumbing, and decoding with a distilled draft."""
+
+import functools
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import cache as kv
+from specjax import model
+from specjax.errors import CheckpointError
+from specjax.generate import generate
+from specjax.heads import eagle3, medusa
+from specjax.speculative import speculative_generate
+from specjax.speculative.drafters.draft_model import DraftModel
+from training import corpus, data, decontam, losses, recipes, tiny
+from training.eagle3_ttt import ttt_logits
+from training.loop import TrainConfig, train
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny.target()
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    rng = np.random.default_rng(0)
+    examples = [(rng.integers(0, 256, rng.integers(4, 12)).tolist(), rng.integers(0, 256, rng.integers(20, 50)).tolist())
+                for _ in range(24)]
+    return data.pack_examples(examples, 64)
+
+
+def test_ttt_unroll_equals_the_decoding_chain_row_by_row(target):
+    cfg, tp = target
+    ecfg = eagle3.Eagle3Config(cfg, draft_vocab_size=64)
+    ids = jnp.arange(0, 256, 4, dtype=jnp.int32)
+    hp = eagle3.init_params(ecfg, jax.random.key(1), tp, ids, scale=0.1)
+    B, T, J = 2, 16, 4
+    toks = jax.random.randint(jax.random.key(2), (B, T), 0, cfg.vocab_size)
+    _, taps, _ = model.forward(tp, cfg, toks, taps=ecfg.taps)
+    outs = jnp.stack(ttt_logits(hp, ecfg, tp["embed"], toks, taps, J), axis=1)  # [B, J, T, N]
+    g = eagle3.fuse(hp, taps)
+
+    @jax.jit
+    def chain(t):  # decoding: rows 0..t with the target's features, then J-1 steps on the head's own outputs
+        cache = eagle3.init_cache(ecfg, B, 2 * T)
+        h, cache = eagle3.step(hp, ecfg, tp["embed"], toks[:, 1:], g[:, :-1], cache)
+        h = jax.lax.dynamic_slice_in_dim(h, t, 1, axis=1)
+        cache = kv.set_lengths(cache, jnp.full((B,), t + 1))
+        out = []
+        for j in range(J):
+            out.append(eagle3.logits(hp, ecfg, h)[:, 0])
+            tok = jax.lax.dynamic_slice_in_dim(toks, t + 2 + j, 1, axis=1)  # teacher-forced next token
+            h, cache = eagle3.step(hp, ecfg, tp["embed"], tok, h, cache)
+        return jnp.stack(out, axis=1)  # [B, J, N]
+
+    for t in range(T - J - 1):
+        np.testing.assert_allclose(chain(t), outs[:, :, t], rtol=2e-5, atol=2e-5)
+
+
+def _eval_loss(loss_fn, params, frozen, batch):
+    return float(jax.jit(loss_fn)(params, frozen, batch)[0])
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "medusa", "draft"])
+def test_a_few_steps_lower_the_loss(target, dataset, kind):
+    cfg, tp = target
+    tc = TrainConfig(steps=12, batch_size=6, lr=3e-3, warmup_steps=2, progress=False)
+    batch = {k: jnp.asarray(v) for k, v in dataset.batch(0, 12, seed=1).items()}
+    if kind == "eagle3":
+        ecfg, p1, ids, _ = recipes.train_eagle3(tp, cfg, dataset, tc, draft_vocab_size=64, ttt_steps=3)
+        fn, frozen = functools.partial(losses.eagle3_loss, cfg=ecfg, num_steps=3), {"target": tp, "draft_ids": ids}
+        p0 = eagle3.init_params(ecfg, jax.random.key(0), tp, ids)
+    elif kind == "medusa":
+        mcfg, p1, _ = recipes.train_medusa(tp, cfg, dataset, tc, num_heads=3)
+        fn, frozen, p0 = functools.partial(losses.medusa_loss, cfg=mcfg), {"target": tp}, medusa.init_params(mcfg)
+    else:
+        dcfg, full, _ = recipes.train_draft(tp, cfg, dataset, tc, n_layers=2)
+        p1 = {k: full[k] for k in ("layers", "final_norm")}
+        p0 = recipes.init_draft(tp, cfg, 2)[1]
+        fn = functools.partial(losses.distill_loss, cfg=dcfg, target_cfg=cfg)
+        frozen = {"target": tp, "shared": recipes.shared_of(tp, cfg)}
+    before, after = _eval_loss(fn, p0, frozen, batch), _eval_loss(fn, p1, frozen, batch)
+    assert after < before, (kind, before, after)
+
+
+def _medusa_run(target, dataset, ckpt_dir, **kw):
+    cfg, tp = target
+    mcfg = medusa.MedusaConfig(cfg, num_heads=2)
+    tc = TrainConfig(steps=8, batch_size=4, lr=3e-3, warmup_steps=2, progress=False, ckpt_dir=ckpt_dir, ckpt_every=3)
+    return train(functools.partial(losses.medusa_loss, cfg=mcfg), medusa.init_params(mcfg), {"target": tp}, dataset,
+                 tc, **kw)
+
+
+def test_interrupted_run_resumes_on_the_identical_loss_trajectory(target, dataset, tmp_path):
+    full = _medusa_run(target, dataset, str(tmp_path / "a"))
+    crashed = _medusa_run(target, dataset, str(tmp_path / "b"), stop_after=5)  # checkpoint at 3, crash after 5
+    resumed = _medusa_run(target, dataset, str(tmp_path / "b"))
+    assert [h["step"] for h in crashed.history] == [1, 2, 3, 4, 5] and resumed.start_step == 3
+    assert [h["loss"] for h in full.history[:5]] == [h["loss"] for h in crashed.history]
+    assert [h["loss"] for h in full.history[3:]] == [h["loss"] for h in resumed.history]
+    for a, b in zip(jax.tree.leaves(full.params), jax.tree.leaves(resumed.params)):
+        assert np.array_equal(a, b)
+    with pytest.raises(ValueError, match="data seed"):  # resuming with another data order is refused
+        cfg, tp = target
+        mcfg = medusa.MedusaConfig(cfg, num_heads=2)
+        tc = TrainConfig(steps=8, batch_size=4, seed=7, progress=False, ckpt_dir=str(tmp_path / "b"))
+        train(functools.partial(losses.medusa_loss, cfg=mcfg), medusa.init_params(mcfg), {"target": tp}, dataset, tc)
+
+
+def test_sigkilled_process_resumes_on_the_identical_loss_trajectory(tmp_path):
+    script = textwrap.dedent("""
+        import functools, json, os, signal, sys
+        import numpy as np
+        from specjax.heads import medusa
+        from training import data, losses, tiny
+        from training.loop import TrainConfig, train
+        cfg, tp = tiny.target()
+        rng = np.random.default_rng(0)
+        ds = data.pack_examples([(rng.integers(0, 256, 6).tolist(), rng.integers(0, 256, 30).tolist())
+                                 for _ in range(16)], 48)
+        mcfg = medusa.MedusaConfig(cfg, num_heads=2)
+        tc = TrainConfig(steps=7, batch_size=4, lr=3e-3, warmup_steps=2, progress=False, ckpt_dir=sys.argv[1], ckpt_every=2)
+        kill_at = int(sys.argv[2])
+        def log(rec):
+            print(json.dumps(rec), flush=True)
+            if rec["step"] == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+        train(functools.partial(losses.medusa_loss, cfg=mcfg), medusa.init_params(mcfg), {"target": tp}, ds, tc,
+              callback=log)
+    """)
+    path = tmp_path / "run.py"
+    path.write_text(script)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+
+    def losses_of(ckpt, kill_at):
+        p = subprocess.run([sys.executable, str(path), str(tmp_path / ckpt), str(kill_at)], capture_output=True,
+                           text=True, env=env)
+        recs = [eval(line.replace("null", "None")) for line in p.stdout.splitlines() if line.startswith("{")]
+        return p.returncode, {r["step"]: r["loss"] for r in recs}
+
+    rc_full, full = losses_of("full", -1)
+    rc_killed, first = losses_of("killed", 5)  # checkpoints at 2 and 4; killed by SIGKILL after step 5
+    rc_resumed, second = losses_of("killed", -1)
+    assert rc_full == 0 and rc_killed == -9 and rc_resumed == 0
+    assert sorted(first) == [1, 2, 3, 4, 5] and sorted(second) == [5, 6, 7]
+    assert {**first, **second} == full
+
+
+def test_data_shards_batches_and_draft_vocab(tmp_path, dataset):
+    data.write_shards(tmp_path, dataset, shard_rows=10, meta={"note": "x"})
+    back, manifest = data.load_shards(tmp_path)
+    assert len(manifest["shards"]) == 3 and manifest["meta"] == {"note": "x"}
+    assert np.array_equal(back.tokens_NT, dataset.tokens_NT) and np.array_equal(back.weight_NT, dataset.weight_NT)
+    seen = np.concatenate([dataset.indices(s, 6, seed=3) for s in range(4)])  # one epoch = 4 batches of 6
+    assert sorted(seen.tolist()) == list(range(24))
+    assert np.array_equal(dataset.indices(5, 6, seed=3), dataset.indices(5, 6, seed=3))
+    assert not np.array_equal(dataset.indices(4, 6, seed=3), dataset.indices(0, 6, seed=3))  # new epoch, new order
+    ds = data.pack_examples([([1, 2, 3], [4, 5, 6, 7])], 6)
+    assert ds.tokens_NT.tolist() == [[1, 2, 3, 4, 5, 6]] and ds.weight_NT.tolist() == [[0, 0, 1, 1, 1, 0]]
+    counts = np.array([5, 0, 9, 9, 1])
+    assert data.draft_vocab(counts, 3).tolist() == [0, 2, 3]
+    (tmp_path / "shard_00001.npz").write_bytes(b"corrupt")
+    with pytest.raises(CheckpointError, match="sha256"):
+        data.load_shards(tmp_path)
+
+
+def test_eval_overlap_is_filtered_and_asserted():
+    evals = ["Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural experiences "
+             "and must-see attractions.", "def has_close_elements(numbers, threshold):"]
+    index = decontam.OverlapIndex(evals)
+    texts = ["Please compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural "
+             "experiences and more.", "Write about Hawaii.", "x = has_close_elements(numbers, threshold)"]
+    kept, dropped = decontam.filter_overlap(texts, index)
+    assert kept == [1] and dropped == [0, 2]
+    decontam.assert_no_overlap([texts[1]], index)
+    with pytest.raises(AssertionError, match="MT-bench/HumanEval"):
+        decontam.assert_no_overlap(texts, index)
+
+
+def test_corpus_prompts_come_from_the_template_and_the_stdlib():
+    tok = tiny.tokenizer()
+    assert corpus.user_turn_prefix(tok) == "<|im_start|>user\n"
+    code = corpus.code_prompts(5, seed=0)
+    assert code == corpus.code_prompts(5, seed=0) and len(set(code)) == 5
+    for p in code:
+        src = p.split("```python\n", 1)[1].rsplit("```", 1)[0]
+        compile(src, "<stub>", "exec")  # a valid signature + docstring stub
+
+
+def test_distilled_draft_decodes_exactly_like_ar_greedy(target, dataset):
+    cfg, tp = target
+    tc = TrainConfig(steps=4, batch_size=4, lr=3e-3, warmup_steps=1, progress=False)
+    dcfg, dparams, _ = recipes.train_draft(tp, cfg, dataset, tc, n_layers=2)
+    prompts = [[5, 6, 7, 8, 9], [3, 4], list(range(10, 31))]
+    ref = generate(tp, cfg, prompts, max_new_tokens=20, eos_token_ids=())
+    out = speculative_generate(tp, cfg, prompts, DraftModel(dcfg), dparams, num_draft=3, max_new_tokens=20,
+                               eos_token_ids=())
+    assert out.output_ids == ref.output_ids

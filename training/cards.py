@@ -1,0 +1,81 @@
+"""Short model cards for the shipped artifacts, and a transport bundle (tar split into parts)."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+_WHAT = {
+    "eagle3": ("EAGLE-3 head", "one decoder layer over the target's fused hidden states (taps = inputs of layers "
+               "2, L//2, L-3), reduced draft vocabulary (d2t/t2d), trained with the training-time test ({ttt} steps, "
+               "weights 0.8^i). vLLM/SGLang layout (LlamaForCausalLMEagle3); the target's embedding is shared."),
+    "medusa": ("Medusa-1 heads", "residual-block heads on the frozen target's last hidden state, head k predicting "
+               "k+1 tokens beyond the next (loss weights 0.8^k); the target's LM head is shared "
+               "(config `specjax_shared_lm_head`; export with lm_head='materialize' for the Medusa repository)."),
+    "draft": ("distilled draft model", "a small Llama at the target's width started from evenly spaced target "
+              "layers, distilled with soft cross-entropy; embedding/LM head shared with the target "
+              "(`specjax_shared_embeddings`: load with specjax.heads.draft_io.load_draft_model)."),
+}
+
+
+def _tau_lines(tau: dict) -> list[str]:
+    lines = []
+    for name, m in tau.items():
+        if isinstance(m, dict) and "mean_accepted" in m:
+            per = ", ".join(f"{a:.2f}" for a in m["acceptance_per_position"])
+            lines.append(f"| {name} | {m.get('num_prompts', '')} | {m['mean_accepted']:.3f} | {per} |")
+    return lines
+
+
+def card(kind: str, rec: dict, results: dict) -> str:
+    title, what = _WHAT[kind]
+    what = what.format(ttt=results["preset"].get("ttt_steps"))
+    c = results["corpus"]
+    ov = c.get("eval_overlap", {})
+    final = rec.get("final") or {}
+    acc = ", ".join(f"{a:.2f}" for a in final.get("acc_k", []))
+    lines = [
+        f"# {title} for {results['target']}", "", what, "",
+        "## Data",
+        f"Self-distilled, no dataset download: {c.get('num_chat_prompts')} Magpie-style chat prompts sampled by the "
+        f"target from its user-turn prefix + {c.get('num_code_prompts')} code prompts (signature + docstring of "
+        f"Python standard-library functions), answered by the target at temperatures "
+        f"{c.get('spec', {}).get('temperatures')}: {c.get('num_examples')} examples, {c.get('response_tokens')} "
+        f"response tokens. MT-bench/HumanEval overlap check ({ov.get('method')}, {ov.get('num_eval_texts')} eval "
+        f"texts, checked={ov.get('checked')}): dropped {ov.get('dropped_prompts')} prompts, "
+        f"{ov.get('dropped_examples')} examples.", "",
+        "## Training",
+        f"{rec['steps']} steps, batch {rec['batch_size']} x {rec['seq_len']} tokens, AdamW lr {rec['lr']} "
+        f"(warmup + cosine, global-norm clipping), fp32 master weights, {results['preset']['dtype']} compute, "
+        f"{rec['train_seconds']} s on {results['hardware']}. Final loss {final.get('loss', float('nan')):.3f}; "
+        f"acceptance proxy per offset (head argmax == target argmax): {acc}.", "",
+        f"## tau (greedy, K={rec['num_draft']}, through specjax's speculative loop, eval set {results['eval_set']})",
+        "| set | prompts | tau (mean accepted length) | acceptance per position |", "| --- | --- | --- | --- |",
+        *_tau_lines(rec["tau"]), "",
+        f"Greedy speculative output equals autoregressive output: {rec['tau'].get('greedy_equals_ar')}. "
+        f"Files: {rec['size_bytes'] / 1e6:.1f} MB (bfloat16).", "",
+    ]
+    return "\n".join(lines)
+
+
+def bundle(export: Path, kinds: list[str], dest: Path, part_bytes: int = 15_000_000) -> list[Path]:
+    """Tar ``export/<kind>`` folders (+ ``../results.json``) and split it into parts of ``part_bytes``
+    (the device tool returns files of at most 16 MiB). Reassemble: ``cat shipped.tar.part* | tar x``."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for kind in kinds:
+            tar.add(export / kind, arcname=kind)
+        results = export.parent / "results.json"
+        if results.is_file():
+            tar.add(results, arcname="results.json")
+    data = buf.getvalue()
+    dest.mkdir(parents=True, exist_ok=True)
+    parts = []
+    for i in range(0, len(data), part_bytes):
+        path = dest / f"shipped.tar.part{i // part_bytes:02d}"
+        path.write_bytes(data[i:i + part_bytes])
+        parts.append(path)
+    (dest / "shipped.tar.json").write_text(json.dumps({"parts": [p.name for p in parts], "bytes": len(data)}))
+    return parts

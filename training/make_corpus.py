@@ -1,0 +1,77 @@
+"""Build (or reuse) the self-distillation corpus: prompts -> eval-overlap filter -> target responses
+(greedy and sampled) -> filter again -> token shards + manifest (+ ``prompts.jsonl`` for audit)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from specjax.config import ModelConfig
+from specjax.heads.files import atomic_write_text
+from specjax.tokenizer import Tokenizer
+from training import corpus, data, decontam
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusSpec:
+    n_chat: int = 2048  # Magpie-style chat prompts
+    n_code: int = 1024  # stdlib signature + docstring prompts
+    temperatures: tuple[float, ...] = (0.0, 0.7)  # one response per prompt per temperature
+    max_new_tokens: int = 256
+    max_prompt_tokens: int = 256
+    seq_len: int = 512
+    gen_batch: int = 256
+    magpie_max_new: int = 96
+    seed: int = 0
+
+    def to_json(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+
+def build_corpus(tp: dict, cfg: ModelConfig, tok: Tokenizer, spec: CorpusSpec, folder: str | Path,
+                 eval_texts: list[str] | None, log=print) -> tuple[data.TokenDataset, dict]:
+    """Generate the corpus into ``folder`` unless a complete one with the same spec is already there.
+
+    ``eval_texts`` (MT-bench + HumanEval, see ``decontam.eval_texts``) are kept out: overlapping
+    prompts and examples are dropped and the result is asserted clean. ``None`` skips the check
+    (tiny synthetic runs only); the manifest records which happened.
+    """
+    folder = Path(folder)
+    if (folder / "manifest.json").is_file():
+        ds, manifest = data.load_shards(folder)
+        if manifest["meta"].get("spec") == spec.to_json():
+            log(f"corpus: reusing {folder} ({len(ds)} examples)")
+            return ds, manifest
+    t0 = time.perf_counter()
+    chat = corpus.magpie_prompts(tp, cfg, tok, spec.n_chat, max_new_tokens=spec.magpie_max_new,
+                                 batch_size=spec.gen_batch, seed=spec.seed)
+    code = corpus.code_prompts(spec.n_code, seed=spec.seed)
+    log(f"corpus: {len(chat)} chat + {len(code)} code prompts in {time.perf_counter() - t0:.0f}s")
+    index = decontam.OverlapIndex(eval_texts or [])
+    prompts = chat + code
+    kept, dropped_prompts = decontam.filter_overlap(prompts, index)
+    prompts = [prompts[i] for i in kept]
+    examples = []
+    for i, temperature in enumerate(spec.temperatures):
+        examples += corpus.respond(tp, cfg, tok, prompts, temperature=temperature, max_new_tokens=spec.max_new_tokens,
+                                   max_prompt_tokens=spec.max_prompt_tokens, batch_size=spec.gen_batch,
+                                   seed=spec.seed + 1000 * (i + 1))
+    texts = [tok.decode(p + r) for p, r in examples]
+    kept, dropped_examples = decontam.filter_overlap(texts, index)
+    examples = [examples[i] for i in kept]
+    decontam.assert_no_overlap([texts[i] for i in kept], index)
+    ds = data.pack_examples(examples, spec.seq_len)
+    meta = {"spec": spec.to_json(), "num_chat_prompts": len(chat), "num_code_prompts": len(code),
+            "num_examples": len(examples), "response_tokens": int(ds.weight_NT.sum()),
+            "eval_overlap": {"checked": eval_texts is not None, "method": f"{index.n}-word overlap",
+                             "num_eval_texts": len(eval_texts or []), "dropped_prompts": len(dropped_prompts),
+                             "dropped_examples": len(dropped_examples)},
+            "seconds": round(time.perf_counter() - t0, 1)}
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(folder / "prompts.jsonl", "".join(
+        json.dumps({"kind": "chat" if i < len(chat) else "code", "prompt": p}) + "\n" for i, p in enumerate(chat + code)))
+    data.write_shards(folder, ds, meta=meta)
+    log(f"corpus: {len(examples)} examples, {meta['response_tokens']} response tokens in {meta['seconds']}s")
+    return data.load_shards(folder)

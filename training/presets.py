@@ -1,0 +1,63 @@
+"""Settings of ``train_smollm2.py``: the real run (one H100, ~8 minutes) and two CPU smoke runs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from training.loop import TrainConfig
+from training.make_corpus import CorpusSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    target: str  # "smollm2" (the fetched GGUF) or "tiny" (random, training/tiny.py)
+    dtype: str  # target weights and compute: "bfloat16" on GPU, "float32" on CPU
+    corpus: CorpusSpec
+    eagle3: TrainConfig
+    medusa: TrainConfig
+    draft: TrainConfig
+    draft_vocab: int = 8192  # EAGLE-3 draft vocabulary (8192 keeps the bf16 head under 20 MB)
+    ttt_steps: int = 7
+    medusa_heads: int = 4
+    draft_layers: int = 2
+    eval_mtbench: int = 80
+    eval_humaneval: int = 80
+    eval_max_prompt: int = 512
+    eval_max_new: int = 128
+    num_draft: int = 4
+
+
+def _tc(steps, batch, lr, warmup, dtype, log_every=25, ckpt_every=500, clip=0.5):
+    return TrainConfig(steps=steps, batch_size=batch, lr=lr, warmup_steps=warmup, clip_norm=clip, compute_dtype=dtype,
+                       log_every=log_every, ckpt_every=ckpt_every)
+
+
+PRESETS = {
+    # One H100: corpus ~1.5 min, EAGLE-3 ~2.5 min, Medusa ~1 min, draft ~1 min, tau ~1 min (estimates).
+    "h100": Preset(
+        target="smollm2", dtype="bfloat16",
+        corpus=CorpusSpec(n_chat=2048, n_code=1024, temperatures=(0.0, 0.7), max_new_tokens=256,
+                          max_prompt_tokens=256, seq_len=512, gen_batch=512),
+        eagle3=_tc(1500, 32, 6e-4, 60, "bfloat16"),
+        medusa=_tc(600, 32, 1e-3, 30, "bfloat16"),
+        draft=_tc(1000, 32, 5e-4, 50, "bfloat16")),
+    # The real target on CPU with tiny settings: the same code path, minutes.
+    "cpu-smollm2": Preset(
+        target="smollm2", dtype="float32",
+        corpus=CorpusSpec(n_chat=6, n_code=6, temperatures=(0.0, 0.7), max_new_tokens=24, max_prompt_tokens=160,
+                          seq_len=192, gen_batch=8, magpie_max_new=48),
+        eagle3=_tc(4, 2, 1e-3, 1, "float32", log_every=1, ckpt_every=2),
+        medusa=_tc(4, 2, 1e-3, 1, "float32", log_every=1, ckpt_every=2),
+        draft=_tc(4, 2, 1e-3, 1, "float32", log_every=1, ckpt_every=2),
+        eval_mtbench=2, eval_humaneval=2, eval_max_prompt=256, eval_max_new=16, num_draft=3),
+    # A random tiny target and a byte tokenizer: everything end to end in well under a minute (tests).
+    "cpu-tiny": Preset(
+        target="tiny", dtype="float32",
+        corpus=CorpusSpec(n_chat=12, n_code=12, temperatures=(0.0, 0.7), max_new_tokens=24, max_prompt_tokens=320,
+                          seq_len=352, gen_batch=16, magpie_max_new=32),
+        eagle3=_tc(6, 4, 3e-3, 1, "float32", log_every=1, ckpt_every=3),
+        medusa=_tc(6, 4, 3e-3, 1, "float32", log_every=1, ckpt_every=3),
+        draft=_tc(6, 4, 3e-3, 1, "float32", log_every=1, ckpt_every=3),
+        draft_vocab=64, ttt_steps=3, medusa_heads=3, eval_mtbench=2, eval_humaneval=2, eval_max_prompt=1024,
+        eval_max_new=16, num_draft=3),
+}
