@@ -190,3 +190,25 @@ def test_sampled_drafts_come_with_the_distribution_they_were_drawn_from(target, 
     else:
         want = sampling.probs(medusa.logits(dp, drafter.cfg, state.draft, tp)[0], sp)
     np.testing.assert_allclose(prop.q_BKV[:, 0], want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.assets
+@pytest.mark.parametrize("kind", ["eagle3", "medusa", "draft"])
+def test_shipped_smollm2_artifacts_load_fit_and_decode_exactly(kind):
+    from specjax import assets, pipeline
+    from specjax.heads import shipped
+    from specjax.speculative.drafters.draft_model import DraftModel
+    folder = shipped.ROOT / "smollm2-135m-instruct" / kind
+    if not (folder / "config.json").is_file():
+        pytest.skip(f"no shipped {kind} yet ({folder}): made by `python -m training.train_smollm2 --preset h100 --ship`")
+    if not (assets.home() / assets.MODELS["smollm2-135m-instruct"].dest).is_file():
+        pytest.skip("SmolLM2 GGUF not fetched: run `specjax fetch`")
+    assert sum(f.stat().st_size for f in folder.iterdir()) <= 25 * 2**20 and (folder / "CARD.md").is_file()
+    lm = pipeline.load("smollm2-135m-instruct", "float32")
+    cfg, dp = shipped.load("smollm2-135m-instruct", kind, lm.cfg, lm.params)
+    drafter = {"eagle3": Eagle3, "medusa": Medusa, "draft": DraftModel}[kind](cfg)
+    ids = [lm.encode("Write a Python function that reverses a string.", chat=True)]
+    ref = generate(lm.params, lm.cfg, ids, max_new_tokens=24)
+    out = speculative_generate(lm.params, lm.cfg, ids, drafter, dp, num_draft=3, max_new_tokens=24)
+    assert out.output_ids == ref.output_ids
+    assert out.metrics()["mean_accepted"] > 1.0  # a trained drafter gets some drafts accepted on a plain prompt

@@ -19,7 +19,8 @@ MAX_NEW = 13
 def tiny():
     cfg = config.tiny()
     dcfg = config.tiny(n_layers=1)
-    return cfg, model.init_params(cfg, jax.random.key(0), scale=0.1), dcfg, model.init_params(dcfg, jax.random.key(5), scale=0.1)
+    params = model.init_params(cfg, jax.random.key(0), scale=0.1)
+    return cfg, params, dcfg, model.init_params(dcfg, jax.random.key(5), scale=0.1)
 
 
 @pytest.fixture(scope="module")
@@ -44,19 +45,29 @@ def _counters_consistent(res, K):
 def test_greedy_equals_autoregressive(tiny, ar, method, K):
     cfg, params, _, _ = tiny
     drafter, dp = _drafter(tiny, method)
-    res = speculative_generate(params, cfg, PROMPTS, drafter, dp, num_draft=K, max_new_tokens=MAX_NEW, eos_token_ids=())
+    res = speculative_generate(params, cfg, PROMPTS, drafter, dp, num_draft=K, max_new_tokens=MAX_NEW,
+                               eos_token_ids=())
     assert res.output_ids == ar
     _counters_consistent(res, K)
     m = res.metrics()
-    assert m["method"] == method and len(m["acceptance_per_position"]) == K and m["num_cycles"] == res.stats.cycles_B.sum()
+    assert m["method"] == method and len(m["acceptance_per_position"]) == K
+    assert m["num_cycles"] == res.stats.cycles_B.sum()
+
+
+def test_budgets_shorter_than_a_cycle(tiny, ar):
+    cfg, params, _, _ = tiny
+    for n in (1, 2, 5):  # 1: the prefill token alone, no cycle; 2, 5: the budget cuts a cycle of up to 5 tokens
+        res = speculative_generate(params, cfg, PROMPTS, NGram(1, 3), num_draft=4, max_new_tokens=n, eos_token_ids=())
+        assert res.output_ids == [o[:n] for o in ar]
 
 
 def test_batch_equals_each_prompt_alone(tiny):
     cfg, params, _, _ = tiny
     drafter, dp = _drafter(tiny, "draft")
-    batch = speculative_generate(params, cfg, PROMPTS, drafter, dp, num_draft=3, max_new_tokens=MAX_NEW, eos_token_ids=())
+    kw = dict(num_draft=3, max_new_tokens=MAX_NEW, eos_token_ids=())
+    batch = speculative_generate(params, cfg, PROMPTS, drafter, dp, **kw)
     for i, p in enumerate(PROMPTS):
-        alone = speculative_generate(params, cfg, [p], drafter, dp, num_draft=3, max_new_tokens=MAX_NEW, eos_token_ids=())
+        alone = speculative_generate(params, cfg, [p], drafter, dp, **kw)
         assert alone.output_ids[0] == batch.output_ids[i]
 
 
@@ -65,7 +76,8 @@ def test_a_drafter_equal_to_the_target_is_always_accepted(tiny, ar, method):
     """The target as its own draft model, or layerskip through all layers (sharing the target's cache)."""
     cfg, params, _, _ = tiny
     drafter, dp = _drafter(tiny, method)
-    res = speculative_generate(params, cfg, PROMPTS, drafter, dp, num_draft=3, max_new_tokens=MAX_NEW, eos_token_ids=())
+    res = speculative_generate(params, cfg, PROMPTS, drafter, dp, num_draft=3, max_new_tokens=MAX_NEW,
+                               eos_token_ids=())
     assert res.output_ids == ar
     m = res.metrics()
     assert m["acceptance_per_position"] == [1.0, 1.0, 1.0] and m["mean_accepted"] == 4.0
@@ -123,7 +135,8 @@ def test_bad_drafters_and_options(tiny):
     with pytest.raises(ValueError, match="vocabulary"):
         speculative_generate(params, cfg, PROMPTS, DraftModel(small), model.init_params(small, jax.random.key(1)))
     with pytest.raises(ValueError, match="vocabulary"):
-        run(params, cfg, PROMPTS, method="draft", num_draft=2, draft_model=(small, model.init_params(small, jax.random.key(1))))
+        run(params, cfg, PROMPTS, method="draft", num_draft=2,
+            draft_model=(small, model.init_params(small, jax.random.key(1))))
     with pytest.raises(ValueError, match="unknown speculative method 'medusa2'"):
         run(params, cfg, PROMPTS, method="medusa2", num_draft=2)
     with pytest.raises(ValueError, match="needs a draft model"):

@@ -1,10 +1,15 @@
 """Training on a tiny random target (CPU, fp32): TTT equals the decoding chain, losses drop, a killed
-run resumes on the identical trajectory, data/corpus plumbing, and decoding with a distilled draft."""
+run resumes on the identical trajectory, data/corpus plumbing, and the whole train_smollm2 pipeline
+(whose tau evaluation decodes with the trained EAGLE-3/Medusa heads and distilled draft model and
+checks the output against AR greedy)."""
 
 import functools
+import io
+import json
 import os
 import subprocess
 import sys
+import tarfile
 import textwrap
 
 import jax
@@ -15,10 +20,7 @@ import pytest
 from specjax import cache as kv
 from specjax import model
 from specjax.errors import CheckpointError
-from specjax.generate import generate
-from specjax.heads import eagle3, medusa
-from specjax.speculative import speculative_generate
-from specjax.speculative.drafters.draft_model import DraftModel
+from specjax.heads import eagle3, medusa, medusa_io
 from training import corpus, data, decontam, losses, recipes, tiny
 from training.eagle3_ttt import ttt_logits
 from training.loop import TrainConfig, train
@@ -143,7 +145,7 @@ def test_sigkilled_process_resumes_on_the_identical_loss_trajectory(tmp_path):
     def losses_of(ckpt, kill_at):
         p = subprocess.run([sys.executable, str(path), str(tmp_path / ckpt), str(kill_at)], capture_output=True,
                            text=True, env=env)
-        recs = [eval(line.replace("null", "None")) for line in p.stdout.splitlines() if line.startswith("{")]
+        recs = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
         return p.returncode, {r["step"]: r["loss"] for r in recs}
 
     rc_full, full = losses_of("full", -1)
@@ -177,7 +179,7 @@ def test_eval_overlap_is_filtered_and_asserted():
              "and must-see attractions.", "def has_close_elements(numbers, threshold):"]
     index = decontam.OverlapIndex(evals)
     texts = ["Please compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural "
-             "experiences and more.", "Write about Hawaii.", "x = has_close_elements(numbers, threshold)"]
+             "experiences and more.", "Write about Hawaii.", "def has_close_elements(numbers, threshold): pass"]
     kept, dropped = decontam.filter_overlap(texts, index)
     assert kept == [1] and dropped == [0, 2]
     decontam.assert_no_overlap([texts[1]], index)
@@ -195,12 +197,38 @@ def test_corpus_prompts_come_from_the_template_and_the_stdlib():
         compile(src, "<stub>", "exec")  # a valid signature + docstring stub
 
 
-def test_distilled_draft_decodes_exactly_like_ar_greedy(target, dataset):
-    cfg, tp = target
-    tc = TrainConfig(steps=4, batch_size=4, lr=3e-3, warmup_steps=1, progress=False)
-    dcfg, dparams, _ = recipes.train_draft(tp, cfg, dataset, tc, n_layers=2)
-    prompts = [[5, 6, 7, 8, 9], [3, 4], list(range(10, 31))]
-    ref = generate(tp, cfg, prompts, max_new_tokens=20, eos_token_ids=())
-    out = speculative_generate(tp, cfg, prompts, DraftModel(dcfg), dparams, num_draft=3, max_new_tokens=20,
-                               eos_token_ids=())
-    assert out.output_ids == ref.output_ids
+def test_train_smollm2_script_runs_end_to_end_on_a_tiny_target(tmp_path):
+    """Corpus -> EAGLE-3, Medusa, distilled draft -> export -> tau through the speculative loop (whose greedy
+    output must equal AR greedy, in fp32, for all three, decoding from the exported files) -> cards, bundle."""
+    from training import train_smollm2
+    assert train_smollm2.main(["--preset", "cpu-tiny", "--out", str(tmp_path / "run"), "--bundle", str(tmp_path / "b")]) == 0
+    res = json.loads((tmp_path / "run" / "results.json").read_text())
+    for kind in ("eagle3", "medusa", "draft"):
+        art = res["artifacts"][kind]
+        assert art["tau"]["greedy_equals_ar"] is True, kind
+        assert art["tau"]["all"]["num_cycles"] > 0 and 1.0 <= art["tau"]["all"]["mean_accepted"] <= 4.0
+        assert art["steps"] == 6 and len(art["history"]) == 6
+        assert "tau" in (tmp_path / "run" / "export" / kind / "CARD.md").read_text()
+    assert res["corpus"]["num_examples"] > 0 and res["corpus"]["eval_overlap"]["dropped_examples"] >= 0
+    parts = sorted((tmp_path / "b").glob("shipped.tar.part*"))
+    with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in parts))) as tar:
+        names = tar.getnames()
+    assert {"eagle3/model.safetensors", "medusa/medusa_lm_head.safetensors", "draft/model.safetensors",
+            "results.json"} <= set(names)
+
+
+def test_specjax_train_cli_trains_and_exports(tmp_path):
+    from specjax.errors import AssetsMissing
+    from training import cli
+    try:
+        decontam.eval_texts()
+    except AssetsMissing:
+        pytest.skip("MT-bench/HumanEval not fetched (the CLI keeps them out of the corpus): run `specjax fetch`")
+    model_dir = tiny.save_hf(tmp_path / "tiny")
+    args = ["medusa", "--model", str(model_dir), "--out", str(tmp_path / "run"), "--dtype", "float32", "--n-chat", "4",
+            "--n-code", "4", "--max-new-tokens", "16", "--seq-len", "512", "--steps", "3", "--batch-size", "2",
+            "--num-heads", "2"]
+    assert cli.main(args) == 0
+    mcfg, params = medusa_io.load_medusa(tmp_path / "run" / "export" / "medusa", tiny.target_config())
+    assert mcfg.num_heads == 2 and params["w_KNDD"].shape == (2, 1, 64, 64)
+    assert (tmp_path / "run" / "corpus" / "manifest.json").is_file()

@@ -14,10 +14,15 @@ _WHAT = {
     "medusa": ("Medusa-1 heads", "residual-block heads on the frozen target's last hidden state, head k predicting "
                "k+1 tokens beyond the next (loss weights 0.8^k); the target's LM head is shared "
                "(config `specjax_shared_lm_head`; export with lm_head='materialize' for the Medusa repository)."),
+    "medusa-own": ("Medusa-1 heads with their own LM heads", "as the shipped Medusa heads, but each head has its own "
+                   "LM head (initialised from the target's): the Medusa repository's layout; measured, not shipped."),
     "draft": ("distilled draft model", "a small Llama at the target's width started from evenly spaced target "
               "layers, distilled with soft cross-entropy; embedding/LM head shared with the target "
               "(`specjax_shared_embeddings`: load with specjax.heads.draft_io.load_draft_model)."),
 }
+
+
+_CLASS = {"eagle3": ("eagle3", "Eagle3"), "medusa": ("medusa", "Medusa"), "draft": ("draft_model", "DraftModel")}
 
 
 def _tau_lines(tau: dict) -> list[str]:
@@ -29,12 +34,22 @@ def _tau_lines(tau: dict) -> list[str]:
     return lines
 
 
+def _use(kind: str, num_draft: int) -> list[str]:
+    module, cls = _CLASS[kind]
+    return ["## Use", "```python", "import specjax", "from specjax.heads import shipped",
+            "from specjax.speculative import speculative_generate",
+            f"from specjax.speculative.drafters.{module} import {cls}",
+            'lm = specjax.load("smollm2-135m-instruct")',
+            f'cfg, dp = shipped.load("smollm2-135m-instruct", "{kind}", lm.cfg, lm.params)',
+            f"out = speculative_generate(lm.params, lm.cfg, [lm.encode('Hi!', chat=True)], {cls}(cfg), dp, "
+            f"num_draft={num_draft})", "```", ""]
+
+
 def card(kind: str, rec: dict, results: dict) -> str:
     title, what = _WHAT[kind]
     what = what.format(ttt=results["preset"].get("ttt_steps"))
-    c = results["corpus"]
+    c, final = results["corpus"], rec.get("final") or {}
     ov = c.get("eval_overlap", {})
-    final = rec.get("final") or {}
     acc = ", ".join(f"{a:.2f}" for a in final.get("acc_k", []))
     lines = [
         f"# {title} for {results['target']}", "", what, "",
@@ -47,17 +62,17 @@ def card(kind: str, rec: dict, results: dict) -> str:
         f"texts, checked={ov.get('checked')}): dropped {ov.get('dropped_prompts')} prompts, "
         f"{ov.get('dropped_examples')} examples.", "",
         "## Training",
-        f"{rec['steps']} steps, batch {rec['batch_size']} x {rec['seq_len']} tokens, AdamW lr {rec['lr']} "
-        f"(warmup + cosine, global-norm clipping), fp32 master weights, {results['preset']['dtype']} compute, "
-        f"{rec['train_seconds']} s on {results['hardware']}. Final loss {final.get('loss', float('nan')):.3f}; "
-        f"acceptance proxy per offset (head argmax == target argmax): {acc}.", "",
+        f"{rec['steps']} steps (of {rec.get('planned_steps', rec['steps'])} planned), batch {rec['batch_size']} x "
+        f"{rec['seq_len']} tokens, AdamW lr {rec['lr']} (warmup + cosine, global-norm clipping), fp32 master weights, "
+        f"{results['preset']['dtype']} compute, {rec['train_seconds']} s on {results['hardware']}. Final loss "
+        f"{final.get('loss', float('nan')):.3f}; acceptance proxy per offset (head argmax == target argmax): {acc}.", "",
         f"## tau (greedy, K={rec['num_draft']}, through specjax's speculative loop, eval set {results['eval_set']})",
         "| set | prompts | tau (mean accepted length) | acceptance per position |", "| --- | --- | --- | --- |",
         *_tau_lines(rec["tau"]), "",
         f"Greedy speculative output equals autoregressive output: {rec['tau'].get('greedy_equals_ar')}. "
         f"Files: {rec['size_bytes'] / 1e6:.1f} MB (bfloat16).", "",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + (_use(kind, rec["num_draft"]) if kind in _CLASS else []))
 
 
 def bundle(export: Path, kinds: list[str], dest: Path, part_bytes: int = 15_000_000) -> list[Path]:

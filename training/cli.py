@@ -10,7 +10,6 @@ For all three artifacts plus tau and the shipped cards, use ``python -m training
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 
 import jax

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import random
 import sysconfig
 from pathlib import Path
@@ -73,7 +74,8 @@ def _documented(body: list, max_doc_chars: int):
                 yield node, doc
 
 
-def stdlib_functions(root: str | Path | None = None, max_doc_chars: int = 800) -> list[str]:
+@functools.lru_cache(maxsize=4)
+def stdlib_functions(root: str | None = None, max_doc_chars: int = 800) -> tuple[str, ...]:
     """Signature + docstring of every public documented function and method (inside a stub of its
     class) in the standard library's sources, skipping tests and GUI/demo packages."""
     root = Path(root or sysconfig.get_paths()["stdlib"])
@@ -92,12 +94,12 @@ def stdlib_functions(root: str | Path | None = None, max_doc_chars: int = 800) -
                     stub = ast.ClassDef(name=cls.name, bases=cls.bases, keywords=[], body=[_stub(n, d)],
                                         decorator_list=[], type_params=[])
                     out.append(ast.unparse(ast.fix_missing_locations(stub)))
-    return out
+    return tuple(out)
 
 
-def code_prompts(n: int, seed: int = 0, root: str | Path | None = None) -> list[str]:
+def code_prompts(n: int, seed: int = 0, root: str | None = None) -> list[str]:
     """``n`` instructions asking to complete a stdlib function or method from its signature and docstring."""
-    funcs = stdlib_functions(root)
+    funcs = list(stdlib_functions(root))
     rng = random.Random(seed)
     rng.shuffle(funcs)
     return [f"{rng.choice(_CODE_ASKS)}\n\n```python\n{f}\n```" for f in funcs[:n]]

@@ -10,6 +10,7 @@ checkpoint folder resumes from its latest checkpoint and then follows the identi
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Callable
 
 import jax
@@ -36,6 +37,7 @@ class TrainConfig:
     ckpt_dir: str | None = None
     ckpt_every: int = 100
     log_every: int = 1  # steps between host reads of the metrics (the bar and history update then)
+    max_seconds: float | None = None  # wall-clock cap: stop early (with a checkpoint) once exceeded
     progress: bool = True
 
     def __post_init__(self):
@@ -50,6 +52,7 @@ class TrainResult:
     params: dict  # float32 master weights
     history: list[dict]  # one record per step run in this call: step, loss, loss_k, acc_k
     start_step: int  # the step this call started from (> 0 when resumed)
+    end_step: int  # the step reached (< steps when stopped by stop_after or max_seconds)
 
 
 def make_optimizer(tc: TrainConfig) -> optax.GradientTransformation:
@@ -94,25 +97,33 @@ def train(loss_fn: Callable, params: dict, frozen, data: TokenDataset, tc: Train
     start = int(state["step"])
     step_fn = make_step(loss_fn, opt, jnp.dtype(tc.compute_dtype))
     end = tc.steps if stop_after is None else min(tc.steps, stop_after)
-    history, pending = [], []
+    history, pending, t0 = [], [], time.perf_counter()
     bar = tqdm(range(start, end), desc=desc, disable=not tc.progress, initial=start, total=tc.steps)
+
+    def flush():  # device -> host, once per log_every steps
+        recs = [{"step": s, "loss": float(l), "loss_k": np.asarray(m["loss_k"]).tolist(),
+                 "acc_k": np.asarray(m["acc_k"]).tolist()} for s, l, m in pending]
+        pending.clear()
+        history.extend(recs)
+        for rec in recs if callback is not None else ():
+            callback(rec)
+        if recs:
+            bar.set_postfix(_postfix(recs[-1]["loss"], recs[-1]["acc_k"]), refresh=False)
+
     try:
         for i in bar:
             batch = {k: jnp.asarray(v) for k, v in data.batch(i, tc.batch_size, tc.seed).items()}
             state, loss, metrics = step_fn(state, frozen, batch)
             pending.append((i + 1, loss, metrics))
-            if (i + 1) % tc.log_every == 0 or i + 1 == end:
-                history += [{"step": s, "loss": float(l), "loss_k": np.asarray(m["loss_k"]).tolist(),
-                             "acc_k": np.asarray(m["acc_k"]).tolist()} for s, l, m in pending]
-                if callback is not None:
-                    for rec in history[len(history) - len(pending):]:
-                        callback(rec)
-                pending = []
-                bar.set_postfix(_postfix(history[-1]["loss"], history[-1]["acc_k"]), refresh=False)
-            if ckpt is not None and ((i + 1) % tc.ckpt_every == 0 or i + 1 == tc.steps):
+            out_of_time = tc.max_seconds is not None and time.perf_counter() - t0 > tc.max_seconds
+            if (i + 1) % tc.log_every == 0 or i + 1 == end or out_of_time:
+                flush()
+            if ckpt is not None and ((i + 1) % tc.ckpt_every == 0 or i + 1 == tc.steps or out_of_time):
                 ckpt.save(i + 1, state, {"data_position": i + 1, "data_seed": tc.seed, "batch_size": tc.batch_size})
+            if out_of_time:
+                break
     finally:
         bar.close()
         if ckpt is not None:
             ckpt.close()
-    return TrainResult(params=state["params"], history=history, start_step=start)
+    return TrainResult(params=state["params"], history=history, start_step=start, end_step=int(state["step"]))

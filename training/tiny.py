@@ -7,11 +7,15 @@ training, export, decoding) runs unchanged on it, in seconds.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import jax
 from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
 
 from specjax import config, model
 from specjax.config import ModelConfig
+from specjax.loading import export_hf
 from specjax.tokenizer import Tokenizer
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -26,6 +30,17 @@ def tokenizer() -> Tokenizer:
     backend.decoder = decoders.ByteLevel()
     backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIALS])
     return Tokenizer(backend, CHATML, None, (258,), {"eos_token": "<|im_end|>", "bos_token": "<|endoftext|>"})
+
+
+def save_hf(folder: str | Path, seed: int = 0) -> Path:
+    """The tiny target as an HF folder (weights + tokenizer.json + chat template) that ``specjax.load`` reads."""
+    folder = Path(folder)
+    cfg, tp = target(seed)
+    export_hf(tp, cfg, folder)
+    tokenizer().backend.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": CHATML, "eos_token": "<|im_end|>", "bos_token": "<|endoftext|>"}))
+    return folder
 
 
 def target_config(n_layers: int = 4, max_seq_len: int = 1024) -> ModelConfig:

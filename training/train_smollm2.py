@@ -35,6 +35,8 @@ from training.make_corpus import build_corpus
 from training.presets import PRESETS, Preset
 
 MODEL = "smollm2-135m-instruct"
+SHIPPED_KINDS = ("eagle3", "medusa", "draft")
+KINDS = SHIPPED_KINDS + ("medusa-own",)
 BUILTIN_EVAL = ["Explain what a hash map is.", "Write a haiku about the sea.",
                 "def fib(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"]
 
@@ -46,6 +48,7 @@ def log(msg: str) -> None:
 def load_target(preset: Preset, model_path: str | None):
     if preset.target == "tiny":
         cfg, tp = tiny.target()
+        tp = jax.tree.map(lambda x: x.astype(preset.dtype), tp)
         return cfg, tp, tiny.tokenizer(), "tiny random llama (training/tiny.py)"
     from specjax.pipeline import load
     lm = load(model_path or MODEL, preset.dtype)
@@ -72,65 +75,65 @@ def eval_sets(preset: Preset, tok, cfg) -> tuple[dict, str]:
         return {"builtin": chat}, "builtin (assets not fetched)"
 
 
-def with_ckpt(tc, out: Path, name: str):
-    return dataclasses.replace(tc, ckpt_dir=str(out / "ckpt" / name))
+def train_and_export(kind: str, preset: Preset, tp: dict, cfg, ds, out: Path):
+    """Train one artifact, write it (bf16) to ``out/export/<kind>`` and load it back from there in the
+    target's dtype, so tau is measured on the files. -> (drafter, draft_params, TrainResult, TrainConfig)."""
+    folder, dtype, bf16 = out / "export" / kind, tp["embed"].dtype, lambda t: jax.tree.map(
+        lambda x: x.astype(jnp.bfloat16), t)
+    tc = dataclasses.replace(getattr(preset, kind.split("-")[0]), ckpt_dir=str(out / "ckpt" / kind))
+    if kind == "eagle3":
+        ecfg, params, ids, res = recipes.train_eagle3(tp, cfg, ds, tc, draft_vocab_size=preset.draft_vocab,
+                                                      ttt_steps=preset.ttt_steps)
+        eagle3_io.save_eagle3(folder, bf16(params), ecfg, ids)
+        _, params, ids = eagle3_io.load_eagle3(folder, target=cfg, dtype=dtype)
+        return Eagle3(ecfg), {"params": params, "draft_ids": ids}, res, tc
+    if kind in ("medusa", "medusa-own"):  # medusa-own: one LM head per head (measured, too big to ship)
+        mcfg, params, res = recipes.train_medusa(tp, cfg, ds, tc, num_heads=preset.medusa_heads,
+                                                 own_lm_head=kind == "medusa-own")
+        medusa_io.save_medusa(folder, bf16(params), mcfg, base_model=MODEL)
+        return Medusa(mcfg), medusa_io.load_medusa(folder, cfg, dtype=dtype)[1], res, tc
+    dcfg, params, res = recipes.train_draft(tp, cfg, ds, tc, n_layers=preset.draft_layers)
+    draft_io.save_draft_model(out / "export" / "draft-hf", bf16(params), dcfg, shared_embedding=False)
+    draft_io.save_draft_model(folder, bf16(params), dcfg, shared_embedding=True)
+    return DraftModel(dcfg), draft_io.load_draft_model(folder, tp, dtype)[1], res, tc
 
 
-def run(preset: Preset, out: Path, *, ship: bool, model_path: str | None = None, only=("eagle3", "medusa", "draft")):
+def run(preset: Preset, out: Path, *, ship: bool, model_path: str | None = None, only=SHIPPED_KINDS):
     t_start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
+    if jax.default_backend() != "cpu":  # a rerun after a timeout (same warm machine) skips recompiling
+        jax.config.update("jax_compilation_cache_dir", str(out / "jax_cache"))
     dev = jax.devices()[0]
     hardware = f"{dev.device_kind} ({dev.platform})"
     log(f"device: {hardware}; preset target={preset.target} dtype={preset.dtype}")
     cfg, tp, tok, target_name = load_target(preset, model_path)
-    texts = eval_texts_or_none(preset)
-    ds, manifest = build_corpus(tp, cfg, tok, preset.corpus, out / "corpus", texts, log=log)
+    ds, manifest = build_corpus(tp, cfg, tok, preset.corpus, out / "corpus", eval_texts_or_none(preset), log=log)
     sets, set_name = eval_sets(preset, tok, cfg)
     reference = evaluate.ReferenceOutputs()
     results = {"preset": dataclasses.asdict(preset), "target": target_name, "hardware": hardware,
                "corpus": manifest["meta"], "eval_set": set_name, "artifacts": {}}
-    ship_dtype, dtype = jnp.bfloat16, tp["embed"].dtype  # ship bf16; measure tau on the files, in the target's dtype
-    export = out / "export"
     for kind in only:
         t0 = time.perf_counter()
         log(f"{kind}: training")
-        if kind == "eagle3":
-            ecfg, params, ids, res = recipes.train_eagle3(tp, cfg, ds, with_ckpt(preset.eagle3, out, kind),
-                                                          draft_vocab_size=preset.draft_vocab, ttt_steps=preset.ttt_steps)
-            eagle3_io.save_eagle3(export / kind, jax.tree.map(lambda x: x.astype(ship_dtype), params), ecfg, ids)
-            _, params, ids = eagle3_io.load_eagle3(export / kind, target=cfg, dtype=dtype)
-            drafter, dp, tc = Eagle3(ecfg), {"params": params, "draft_ids": ids}, preset.eagle3
-        elif kind == "medusa":
-            mcfg, params, res = recipes.train_medusa(tp, cfg, ds, with_ckpt(preset.medusa, out, kind),
-                                                     num_heads=preset.medusa_heads)
-            medusa_io.save_medusa(export / kind, jax.tree.map(lambda x: x.astype(ship_dtype), params), mcfg,
-                                  base_model=MODEL)
-            _, params = medusa_io.load_medusa(export / kind, cfg, dtype=dtype)
-            drafter, dp, tc = Medusa(mcfg), params, preset.medusa
-        else:
-            dcfg, params, res = recipes.train_draft(tp, cfg, ds, with_ckpt(preset.draft, out, kind),
-                                                    n_layers=preset.draft_layers)
-            params = jax.tree.map(lambda x: x.astype(ship_dtype), params)
-            draft_io.save_draft_model(export / "draft-hf", params, dcfg, shared_embedding=False)
-            draft_io.save_draft_model(export / kind, params, dcfg, shared_embedding=True)
-            _, dp = draft_io.load_draft_model(export / kind, tp, dtype)
-            drafter, tc = DraftModel(dcfg), preset.draft
+        drafter, dp, res, tc = train_and_export(kind, preset, tp, cfg, ds, out)
         train_s = time.perf_counter() - t0
         log(f"{kind}: tau on {set_name}")
         tau = evaluate.tau(tp, cfg, drafter, dp, sets, num_draft=preset.num_draft, max_new_tokens=preset.eval_max_new,
                            reference=reference)
-        rec = {"train_seconds": round(train_s, 1), "steps": tc.steps, "batch_size": tc.batch_size, "lr": tc.lr,
-               "seq_len": ds.seq_len, "final": res.history[-1] if res.history else None,
+        folder = out / "export" / kind
+        rec = {"train_seconds": round(train_s, 1), "steps": res.end_step, "planned_steps": tc.steps,
+               "batch_size": tc.batch_size, "lr": tc.lr, "seq_len": ds.seq_len,
+               "final": res.history[-1] if res.history else None,
                "history": res.history[:: max(1, len(res.history) // 50)], "tau": tau, "num_draft": preset.num_draft,
-               "size_bytes": sum(f.stat().st_size for f in (export / kind).iterdir())}
+               "size_bytes": sum(f.stat().st_size for f in folder.iterdir())}
         results["artifacts"][kind] = rec
-        atomic_write_text(export / kind / "CARD.md", cards.card(kind, rec, results))
+        atomic_write_text(folder / "CARD.md", cards.card(kind, rec, results))
         log(f"{kind}: done in {time.perf_counter() - t0:.0f}s; tau "
             + ", ".join(f"{k}={v['mean_accepted']:.2f}" for k, v in tau.items() if isinstance(v, dict)))
-        if ship:
+        if ship and kind in SHIPPED_KINDS:
             dest = shipped.ROOT / MODEL / kind
             shutil.rmtree(dest, ignore_errors=True)
-            shutil.copytree(export / kind, dest)
+            shutil.copytree(folder, dest)
     results["total_seconds"] = round(time.perf_counter() - t_start, 1)
     atomic_write_text(out / "results.json", json.dumps(results, indent=1, default=str))
     log(f"all done in {results['total_seconds']}s -> {out / 'results.json'}")
@@ -144,18 +147,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="target GGUF/HF folder (default: the fetched SmolLM2)")
     p.add_argument("--ship", action="store_true", help="copy the artifacts into specjax/shipped/")
     p.add_argument("--bundle", default=None, help="also write the shipped folders as a tar split in 15 MB parts here")
-    p.add_argument("--only", default="eagle3,medusa,draft", help="comma-separated subset of eagle3,medusa,draft")
+    p.add_argument("--only", default="eagle3,medusa,draft",
+                   help=f"comma-separated subset of {','.join(KINDS)} (medusa-own: own LM heads, measured, not shipped)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="override the preset's dtype")
     args = p.parse_args(argv)
     preset = PRESETS[args.preset]
+    if args.dtype:
+        preset = dataclasses.replace(preset, dtype=args.dtype, **{k: dataclasses.replace(
+            getattr(preset, k), compute_dtype=args.dtype) for k in ("eagle3", "medusa", "draft")})
     if args.ship and preset.target != "smollm2":
         p.error("--ship needs a preset that trains on SmolLM2")
     only = tuple(k for k in args.only.split(",") if k)
-    if not set(only) <= {"eagle3", "medusa", "draft"}:
-        p.error(f"--only takes eagle3, medusa, draft; got {args.only!r}")
+    if not only or not set(only) <= set(KINDS):
+        p.error(f"--only takes a comma-separated subset of {', '.join(KINDS)}; got {args.only!r}")
     out = Path(args.out).expanduser() if args.out else assets.home() / "train" / args.preset
     run(preset, out, ship=args.ship, model_path=args.model, only=only)
     if args.bundle:
-        cards.bundle(out / "export", [k for k in only], Path(args.bundle))
+        cards.bundle(out / "export", [k for k in only if k in SHIPPED_KINDS], Path(args.bundle))
     return 0
 
 

@@ -61,10 +61,12 @@ def check_num_draft(num_draft, drafter: drafters.Drafter | None = None) -> int:
 def speculative_generate(params: dict, cfg: ModelConfig, prompts: list[list[int]], drafter: drafters.Drafter,
                          draft_params: Any = None, *, num_draft: int = 4, max_new_tokens: int = 64,
                          temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                         eos_token_ids: tuple[int, ...] | None = None, capacity: int | None = None) -> SpecResult:
+                         eos_token_ids: tuple[int, ...] | None = None, pad_to: int = 0,
+                         capacity: int | None = None) -> SpecResult:
     """Speculative decoding of a batch of token-id prompts; the output distribution is the target's.
 
-    At temperature 0 the outputs equal ``specjax.generate.generate``'s greedy outputs. ``capacity``
+    At temperature 0 the outputs equal ``specjax.generate.generate``'s greedy outputs. ``pad_to``
+    fixes the prompt width (as in ``generate``: a sweep over prompts compiles once). ``capacity``
     (cache slots per sequence) defaults to a power-of-two bucket >= prompt + max_new + K + 1.
     """
     if not isinstance(drafter, drafters.Drafter):
@@ -76,11 +78,12 @@ def speculative_generate(params: dict, cfg: ModelConfig, prompts: list[list[int]
     eos = tuple(cfg.eos_token_ids if eos_token_ids is None else eos_token_ids)
     longest = max(len(p) for p in prompts)
     need = longest + max_new_tokens + K + 1  # verify writes K+1 slots past the last emitted token
-    width = bucket(longest)
-    capacity = bucket(max(width, need), 256) if capacity is None else int(capacity)
+    width = bucket(max(pad_to, longest))
+    if capacity is None:
+        capacity = bucket(width + max_new_tokens + K + 1 if pad_to else max(width, need), 256)
     if capacity < max(width, need):  # dynamic_update_slice would clamp silently: refuse instead
-        raise ValueError(f"cache capacity {capacity} is too small: need at least {max(width, need)} slots (padded prompt "
-                         f"width {width}; longest prompt {longest} + max_new_tokens {max_new_tokens} + K+1 = {K + 1})")
+        raise ValueError(f"cache capacity {capacity} is too small: need at least {max(width, need)} slots (padded "
+                         f"prompt width {width}; longest prompt {longest} + max_new_tokens {max_new_tokens} + K+1)")
     toks, lens = pad_prompts(prompts, width)
     static = dict(cfg=cfg, drafter=drafter, eos_ids=eos)
     pre_args = (params, draft_params, jnp.asarray(toks), jnp.asarray(lens), jnp.int32(max_new_tokens), sp,

@@ -68,7 +68,7 @@ class Verified:
     fed_BK1: jax.Array  # int32 [last, d_1..d_K] as fed to the target at positions L..L+K
     taps: tuple[jax.Array, ...]  # target hidden states at those K+1 positions, one [B, K+1, D] per tap
     num_accepted_B: jax.Array  # int32 drafts accepted by the verifier (before EOS/budget cuts)
-    num_new_B: jax.Array  # int32 tokens emitted this cycle (0 for finished rows); fed_BK1[:, :num_new] joined the context
+    num_new_B: jax.Array  # int32 tokens emitted this cycle (0 if finished); fed_BK1[:, :num_new] joined the context
     lengths_B: jax.Array  # int32 new L (old L + num_new)
     last_B: jax.Array  # int32 new last token (the bonus/correction, or an earlier one if cut)
 
@@ -83,7 +83,8 @@ class Drafter:
     def validate(self, cfg: ModelConfig, dp: Any, num_draft: int) -> None:
         """Host-side checks before compiling; raise ValueError saying what is wrong."""
         if self.max_draft is not None and num_draft > self.max_draft:
-            raise ValueError(f"{self.name} proposes at most {self.max_draft} tokens per cycle, got num_draft={num_draft}")
+            raise ValueError(f"{self.name} proposes at most {self.max_draft} tokens per cycle, "
+                             f"got num_draft={num_draft}")
 
     def init(self, tp: dict, dp: Any, pre: Prefill, cfg: ModelConfig) -> Any:
         """Drafter state after prefill (any pytree; ``()`` when stateless)."""

@@ -1,0 +1,32 @@
+"""metrics.py: vLLM's definitions on hand-made counters."""
+
+import numpy as np
+import pytest
+
+from specjax import metrics
+
+
+def test_acceptance_metrics_follow_vllm_definitions():
+    # two sequences, K = 2: 2 + 3 cycles; position 0 accepted in 2 + 1 cycles, position 1 in 1 + 0
+    stats = metrics.SpecStats(num_draft=2, cycles_B=np.array([2, 3]), accepted_BK=np.array([[2, 1], [1, 0]]),
+                              new_tokens_B=np.array([5, 3]))
+    m = metrics.summarize(stats, ttft_s=1.0, seconds=3.0)
+    assert m["num_cycles"] == 5 and m["num_accepted"] == 4 and m["num_drafted"] == 10
+    assert m["acceptance_per_position"] == pytest.approx([3 / 5, 1 / 5])
+    assert m["mean_accepted"] == pytest.approx(1 + 4 / 5)  # tau: bonus included
+    assert m["draft_acceptance_rate"] == pytest.approx(4 / 10)
+    first, second = m["per_sequence"]
+    assert first["mean_accepted"] == pytest.approx(1 + 3 / 2) and first["acceptance_per_position"] == [1.0, 0.5]
+    assert second["acceptance_per_position"] == pytest.approx([1 / 3, 0.0])
+    # latency: decode time (2 s) apportioned by cycles: sequence 0 was live 2 of 3 loop iterations
+    assert m["ttft_s"] == 1.0 and m["tokens_per_s"] == pytest.approx(8 / 3)
+    assert first["itl_s"] == pytest.approx(2.0 * 2 / 3 / 4) and second["itl_s"] == pytest.approx(2.0 / 2)
+    assert m["itl_s"] == pytest.approx((first["itl_s"] + second["itl_s"]) / 2)
+
+
+def test_no_cycles_and_single_tokens():
+    stats = metrics.SpecStats(num_draft=3, cycles_B=np.array([0]), accepted_BK=np.zeros((1, 3), int),
+                              new_tokens_B=np.array([1]))
+    m = metrics.summarize(stats, ttft_s=0.5, seconds=0.5)
+    assert m["num_cycles"] == 0 and m["mean_accepted"] == 0.0 and m["acceptance_per_position"] == [0.0] * 3
+    assert m["itl_s"] == 0.0 and m["tokens_per_s"] == pytest.approx(2.0)

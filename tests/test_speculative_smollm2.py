@@ -1,0 +1,72 @@
+"""Greedy identity on the real SmolLM2-135M-Instruct (fp32): every drafter's output equals AR greedy
+on MT-bench first turns (10 here, all 80 with ``-m slow``) and HumanEval prompts.
+
+Skips unless `specjax fetch` has put the GGUF, MT-bench and HumanEval in the cache. The draft model
+is SmolLM2's first 8 layers as a separate model (same vocabulary, its own cache).
+"""
+
+import pytest
+
+from specjax import prompts
+from specjax.errors import AssetsMissing
+from specjax.generate import generate
+from specjax.speculative import DraftModel, LayerSkip, NGram, speculative_generate
+
+MAX_NEW = 24
+METHODS = [("ngram", 4), ("layerskip", 3), ("draft", 3)]
+
+pytestmark = pytest.mark.assets
+
+
+@pytest.fixture(scope="module")
+def lm():
+    import specjax
+    try:
+        return specjax.load("smollm2-135m-instruct", dtype="float32")
+    except AssetsMissing as e:
+        pytest.skip(f"SmolLM2 GGUF not fetched ({e})")
+
+
+def _prompt_set(lm, name: str, limit: int | None):
+    try:
+        if name == "mtbench":
+            return [lm.encode(q["prompt"], chat=True) for q in prompts.mtbench()[:limit]]
+        tasks = sorted(prompts.humaneval(), key=lambda t: len(t["prompt"]))[:limit]  # the shortest: fast on CPU
+        return [lm.tokenizer.encode(t["prompt"]) for t in tasks]
+    except AssetsMissing as e:
+        pytest.skip(f"{name} prompts not fetched ({e})")
+
+
+def _drafter(lm, method):
+    if method == "ngram":
+        return NGram(1, 3), None
+    if method == "layerskip":
+        return LayerSkip(lm.cfg.n_layers // 2), None
+    return DraftModel(lm.cfg.replace(n_layers=8)), {**lm.params, "layers": lm.params["layers"][:8]}
+
+
+def _check_identity(lm, ids, batch_size: int | None = None):
+    batch_size = batch_size or len(ids)
+    for start in range(0, len(ids), batch_size):
+        chunk = ids[start:start + batch_size]
+        ar = generate(lm.params, lm.cfg, chunk, max_new_tokens=MAX_NEW).output_ids
+        for method, K in METHODS:
+            drafter, dp = _drafter(lm, method)
+            res = speculative_generate(lm.params, lm.cfg, chunk, drafter, dp, num_draft=K, max_new_tokens=MAX_NEW)
+            diverged = [start + i for i, (a, b) in enumerate(zip(ar, res.output_ids)) if a != b]
+            assert not diverged, f"{method}: prompts {diverged} differ from AR greedy"
+
+
+def test_mtbench_first_turns_equal_autoregressive(lm):
+    _check_identity(lm, _prompt_set(lm, "mtbench", 10))
+
+
+def test_humaneval_prompts_equal_autoregressive(lm):
+    _check_identity(lm, _prompt_set(lm, "humaneval", 4))
+
+
+@pytest.mark.slow
+def test_all_mtbench_first_turns_equal_autoregressive(lm, request):
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("slow (all 80 MT-bench prompts): run with -m slow")
+    _check_identity(lm, _prompt_set(lm, "mtbench", None), batch_size=16)
