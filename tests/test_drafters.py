@@ -120,6 +120,20 @@ def test_build_from_cli_options(tiny):
         drafters.build("eagle9", cfg)
 
 
+@pytest.mark.parametrize("slim", [False, True])
+def test_build_loads_a_draft_model_folder(tiny, tmp_path, slim):
+    """--draft-model PATH: an HF folder, or a slim one that takes the embedding from the target."""
+    from specjax.heads.draft_io import save_draft_model
+    cfg, params = tiny
+    dcfg = config.tiny(n_layers=1)
+    dparams = {**params, "layers": params["layers"][:1]}
+    save_draft_model(tmp_path / "d", dparams, dcfg, shared_embedding=slim)
+    d, dp = drafters.build("draft", cfg, target_params=params, draft_model=str(tmp_path / "d"))
+    assert d.cfg.n_layers == 1 and d.cfg.vocab_size == cfg.vocab_size
+    np.testing.assert_array_equal(dp["embed"], params["embed"])
+    np.testing.assert_array_equal(dp["layers"][0]["wqkv"], params["layers"][0]["wqkv"])
+
+
 def test_draw_uses_the_same_filtered_distribution_as_the_target():
     logits = jax.random.normal(jax.random.key(0), (4, 16))
     tok, q = draw(jax.random.key(1), logits, SamplingParams.make(), greedy=True)

@@ -176,8 +176,10 @@ def test_sampled_drafts_come_with_the_distribution_they_were_drawn_from(target, 
     sp = SamplingParams.make(0.9, top_k=50)
     state = loop.prefill(tp, dp, toks, jnp.full((2,), 8, jnp.int32), jnp.int32(40), sp, jax.random.key(0), cfg=cfg,
                          drafter=drafter, capacity=64, num_draft=K, eos_ids=())  # same shapes as above: no recompile
-    ctx = Context(state.history_BS, state.cache.lengths_B, state.last_B, jax.random.key(7), sp, num_draft=K, greedy=False)
-    prop = jax.jit(lambda ds, ctx, cache: drafter.propose(tp, dp, ds, ctx, cache, cfg)[0])(state.draft, ctx, state.cache)
+    ctx = Context(state.history_BS, state.cache.lengths_B, state.last_B, jax.random.key(7), sp, num_draft=K,
+                  greedy=False)
+    propose = jax.jit(lambda ds, ctx, cache: drafter.propose(tp, dp, ds, ctx, cache, cfg)[0])
+    prop = propose(state.draft, ctx, state.cache)
     assert prop.q_BKV.shape == (2, K, cfg.vocab_size)
     q_at_draft = jnp.take_along_axis(prop.q_BKV, prop.tokens_BK[..., None], axis=-1)
     assert bool(jnp.all(q_at_draft > 0))
@@ -200,7 +202,7 @@ def test_shipped_smollm2_artifacts_load_fit_and_decode_exactly(kind):
     from specjax.speculative.drafters.draft_model import DraftModel
     folder = shipped.ROOT / "smollm2-135m-instruct" / kind
     if not (folder / "config.json").is_file():
-        pytest.skip(f"no shipped {kind} yet ({folder}): made by `python -m training.train_smollm2 --preset h100 --ship`")
+        pytest.skip(f"no shipped {kind} yet ({folder}): `python -m training.train_smollm2 --preset h100 --ship`")
     if not (assets.home() / assets.MODELS["smollm2-135m-instruct"].dest).is_file():
         pytest.skip("SmolLM2 GGUF not fetched: run `specjax fetch`")
     assert sum(f.stat().st_size for f in folder.iterdir()) <= 25 * 2**20 and (folder / "CARD.md").is_file()

@@ -34,8 +34,8 @@ def target():
 @pytest.fixture(scope="module")
 def dataset():
     rng = np.random.default_rng(0)
-    examples = [(rng.integers(0, 256, rng.integers(4, 12)).tolist(), rng.integers(0, 256, rng.integers(20, 50)).tolist())
-                for _ in range(24)]
+    examples = [(rng.integers(0, 256, rng.integers(4, 12)).tolist(),
+                 rng.integers(0, 256, rng.integers(20, 50)).tolist()) for _ in range(24)]
     return data.pack_examples(examples, 64)
 
 
@@ -129,7 +129,8 @@ def test_sigkilled_process_resumes_on_the_identical_loss_trajectory(tmp_path):
         ds = data.pack_examples([(rng.integers(0, 256, 6).tolist(), rng.integers(0, 256, 30).tolist())
                                  for _ in range(16)], 48)
         mcfg = medusa.MedusaConfig(cfg, num_heads=2)
-        tc = TrainConfig(steps=7, batch_size=4, lr=3e-3, warmup_steps=2, progress=False, ckpt_dir=sys.argv[1], ckpt_every=2)
+        tc = TrainConfig(steps=7, batch_size=4, lr=3e-3, warmup_steps=2, progress=False, ckpt_dir=sys.argv[1],
+                         ckpt_every=2)
         kill_at = int(sys.argv[2])
         def log(rec):
             print(json.dumps(rec), flush=True)
@@ -201,7 +202,8 @@ def test_train_smollm2_script_runs_end_to_end_on_a_tiny_target(tmp_path):
     """Corpus -> EAGLE-3, Medusa, distilled draft -> export -> tau through the speculative loop (whose greedy
     output must equal AR greedy, in fp32, for all three, decoding from the exported files) -> cards, bundle."""
     from training import train_smollm2
-    assert train_smollm2.main(["--preset", "cpu-tiny", "--out", str(tmp_path / "run"), "--bundle", str(tmp_path / "b")]) == 0
+    argv = ["--preset", "cpu-tiny", "--out", str(tmp_path / "run"), "--bundle", str(tmp_path / "b")]
+    assert train_smollm2.main(argv) == 0
     res = json.loads((tmp_path / "run" / "results.json").read_text())
     for kind in ("eagle3", "medusa", "draft"):
         art = res["artifacts"][kind]

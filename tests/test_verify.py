@@ -83,11 +83,12 @@ def test_first_emitted_token_follows_the_target(one_hot_q, top_p):
     assert stats.binomtest(int((n_acc >= 1).sum()), n, accept).pvalue > 1e-3
 
 
-def test_broken_residual_is_detected(monkeypatch):
+@pytest.mark.parametrize("one_hot_q", [False, True])
+def test_broken_residual_is_detected(monkeypatch, one_hot_q):
     """Sampling the correction from p instead of norm(max(0, p - q)) biases the output: the test sees it."""
     monkeypatch.setattr(verify, "residual_distribution", lambda p_BV, q_BV: p_BV)
     n = 40000
-    counts, p0, _, _, _ = _first_tokens(verify.rejection_verify, n, False, 1.0)
+    counts, p0, _, _, _ = _first_tokens(verify.rejection_verify, n, one_hot_q, 1.0)
     keep = p0 > 0
     assert _pvalue(counts[keep], p0[keep]) < 1e-6
 

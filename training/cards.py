@@ -65,11 +65,14 @@ def card(kind: str, rec: dict, results: dict) -> str:
         f"{rec['steps']} steps (of {rec.get('planned_steps', rec['steps'])} planned), batch {rec['batch_size']} x "
         f"{rec['seq_len']} tokens, AdamW lr {rec['lr']} (warmup + cosine, global-norm clipping), fp32 master weights, "
         f"{results['preset']['dtype']} compute, {rec['train_seconds']} s on {results['hardware']}. Final loss "
-        f"{final.get('loss', float('nan')):.3f}; acceptance proxy per offset (head argmax == target argmax): {acc}.", "",
+        f"{final.get('loss', float('nan')):.3f}; acceptance proxy per offset (head argmax == target argmax): "
+        f"{acc}.", "",
         f"## tau (greedy, K={rec['num_draft']}, through specjax's speculative loop, eval set {results['eval_set']})",
         "| set | prompts | tau (mean accepted length) | acceptance per position |", "| --- | --- | --- | --- |",
         *_tau_lines(rec["tau"]), "",
-        f"Greedy speculative output equals autoregressive output: {rec['tau'].get('greedy_equals_ar')}. "
+        f"Sequences identical to autoregressive greedy: {rec['tau'].get('greedy_identical_sequences')} "
+        f"({results['preset']['dtype']}; in bfloat16 a near-tie in the target's logits can round differently in the "
+        f"(K+1)-token verify forward than in AR's 1-token steps). "
         f"Files: {rec['size_bytes'] / 1e6:.1f} MB (bfloat16).", "",
     ]
     return "\n".join(lines + (_use(kind, rec["num_draft"]) if kind in _CLASS else []))

@@ -83,7 +83,8 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def write_shards(folder: str | os.PathLike, ds: TokenDataset, *, shard_rows: int = 4096, meta: dict | None = None) -> Path:
+def write_shards(folder: str | os.PathLike, ds: TokenDataset, *, shard_rows: int = 4096,
+                 meta: dict | None = None) -> Path:
     """Write ``ds`` as shards + ``manifest.json`` (written last, so a complete manifest means a complete corpus)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,8 @@ class TrainConfig:
 
     def __post_init__(self):
         if self.steps <= 0 or self.batch_size <= 0 or self.lr <= 0:
-            raise ValueError(f"steps, batch_size and lr must be positive, got {self.steps}, {self.batch_size}, {self.lr}")
+            raise ValueError(f"steps, batch_size and lr must be positive, got {self.steps}, {self.batch_size}, "
+                             f"{self.lr}")
         if self.compute_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"compute_dtype must be 'float32' or 'bfloat16', got {self.compute_dtype!r}")
 

@@ -70,8 +70,8 @@ def build_corpus(tp: dict, cfg: ModelConfig, tok: Tokenizer, spec: CorpusSpec, f
                              "dropped_examples": len(dropped_examples)},
             "seconds": round(time.perf_counter() - t0, 1)}
     folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(folder / "prompts.jsonl", "".join(
-        json.dumps({"kind": "chat" if i < len(chat) else "code", "prompt": p}) + "\n" for i, p in enumerate(chat + code)))
+    rows = [{"kind": "chat", "prompt": p} for p in chat] + [{"kind": "code", "prompt": p} for p in code]
+    atomic_write_text(folder / "prompts.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     data.write_shards(folder, ds, meta=meta)
     log(f"corpus: {len(examples)} examples, {meta['response_tokens']} response tokens in {meta['seconds']}s")
     return data.load_shards(folder)

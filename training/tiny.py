@@ -44,7 +44,8 @@ def save_hf(folder: str | Path, seed: int = 0) -> Path:
 
 
 def target_config(n_layers: int = 4, max_seq_len: int = 1024) -> ModelConfig:
-    return config.tiny(vocab_size=259, n_layers=n_layers, eos_token_ids=(258,), bos_token_id=256, max_seq_len=max_seq_len)
+    return config.tiny(vocab_size=259, n_layers=n_layers, eos_token_ids=(258,), bos_token_id=256,
+                       max_seq_len=max_seq_len)
 
 
 def target(seed: int = 0, n_layers: int = 4, max_seq_len: int = 1024) -> tuple[ModelConfig, dict]:

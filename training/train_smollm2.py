@@ -37,6 +37,7 @@ from training.presets import PRESETS, Preset
 MODEL = "smollm2-135m-instruct"
 SHIPPED_KINDS = ("eagle3", "medusa", "draft")
 KINDS = SHIPPED_KINDS + ("medusa-own",)
+HF_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # base_model_name_or_path of the Medusa export
 BUILTIN_EVAL = ["Explain what a hash map is.", "Write a haiku about the sea.",
                 "def fib(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"]
 
@@ -90,7 +91,7 @@ def train_and_export(kind: str, preset: Preset, tp: dict, cfg, ds, out: Path):
     if kind in ("medusa", "medusa-own"):  # medusa-own: one LM head per head (measured, too big to ship)
         mcfg, params, res = recipes.train_medusa(tp, cfg, ds, tc, num_heads=preset.medusa_heads,
                                                  own_lm_head=kind == "medusa-own")
-        medusa_io.save_medusa(folder, bf16(params), mcfg, base_model=MODEL)
+        medusa_io.save_medusa(folder, bf16(params), mcfg, base_model=HF_ID)
         return Medusa(mcfg), medusa_io.load_medusa(folder, cfg, dtype=dtype)[1], res, tc
     dcfg, params, res = recipes.train_draft(tp, cfg, ds, tc, n_layers=preset.draft_layers)
     draft_io.save_draft_model(out / "export" / "draft-hf", bf16(params), dcfg, shared_embedding=False)
@@ -148,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ship", action="store_true", help="copy the artifacts into specjax/shipped/")
     p.add_argument("--bundle", default=None, help="also write the shipped folders as a tar split in 15 MB parts here")
     p.add_argument("--only", default="eagle3,medusa,draft",
-                   help=f"comma-separated subset of {','.join(KINDS)} (medusa-own: own LM heads, measured, not shipped)")
+                   help=f"comma-separated subset of {','.join(KINDS)} "
+                        "(medusa-own: own LM heads, measured, not shipped)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="override the preset's dtype")
     args = p.parse_args(argv)
     preset = PRESETS[args.preset]

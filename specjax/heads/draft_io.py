@@ -42,12 +42,14 @@ def save_draft_model(folder: str | os.PathLike, params: dict, cfg: ModelConfig, 
     tensors = split_params(namemap.plan("hf", cfg), params, cfg)
     tensors = {n: np.ascontiguousarray(w) for n, w in tensors.items() if n not in SHARED_NAMES}
     atomic_write(folder / SINGLE, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
-    conf = hf_config(cfg, str(np.asarray(params["final_norm"]).dtype)) | {"specjax_shared_embeddings": True} | (extra or {})
+    conf = hf_config(cfg, str(np.asarray(params["final_norm"]).dtype))
+    conf |= {"specjax_shared_embeddings": True} | (extra or {})
     atomic_write_text(folder / "config.json", json.dumps(conf, indent=2) + "\n")
     return folder
 
 
-def load_draft_model(folder: str | os.PathLike, target_params: dict | None = None, dtype=None) -> tuple[ModelConfig, dict]:
+def load_draft_model(folder: str | os.PathLike, target_params: dict | None = None,
+                     dtype=None) -> tuple[ModelConfig, dict]:
     """``(cfg, params)``; a slim folder takes its embedding (and untied LM head) from ``target_params``."""
     folder = Path(folder)
     try:

@@ -107,7 +107,8 @@ def finish(params: dict, cfg: Eagle3Config, h_BTD: jax.Array, attn_BTHd: jax.Arr
     """Residual + o-proj, then the SwiGLU MLP block: the layer's pre-norm output."""
     B, T = attn_BTHd.shape[:2]
     h_BTD = h_BTD + attn_BTHd.reshape(B, T, -1) @ params["wo"]
-    return h_BTD + swiglu(rms_norm(h_BTD, params["mlp_norm"], cfg.target.norm_eps), params["w_gate_up"], params["w_down"])
+    x = rms_norm(h_BTD, params["mlp_norm"], cfg.target.norm_eps)
+    return h_BTD + swiglu(x, params["w_gate_up"], params["w_down"])
 
 
 def step(params: dict, cfg: Eagle3Config, embed_VD: jax.Array, tokens_BT: jax.Array, h_BTD: jax.Array,

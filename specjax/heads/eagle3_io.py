@@ -61,7 +61,8 @@ def config_of(cfg: Eagle3Config, dtype_name: str) -> dict:
     return c
 
 
-def save_eagle3(folder: str | os.PathLike, params: dict, cfg: Eagle3Config, draft_ids_N, extra: dict | None = None) -> Path:
+def save_eagle3(folder: str | os.PathLike, params: dict, cfg: Eagle3Config, draft_ids_N,
+                extra: dict | None = None) -> Path:
     """Write the head as a vLLM/SGLang-loadable folder; ``extra`` keys are merged into config.json."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -73,7 +74,8 @@ def save_eagle3(folder: str | os.PathLike, params: dict, cfg: Eagle3Config, draf
 
 
 def _target_of(hf: dict, where: str) -> tuple[ModelConfig, tuple[int, ...]]:
-    taps = hf.get("eagle_aux_hidden_state_layer_ids") or (hf.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    key = "eagle_aux_hidden_state_layer_ids"
+    taps = hf.get(key) or (hf.get("eagle_config") or {}).get(key)
     n_layers = (hf.get("specjax") or {}).get("target_num_hidden_layers")
     if not taps or not n_layers:
         raise CheckpointError(f"{where} lacks eagle_aux_hidden_state_layer_ids or specjax.target_num_hidden_layers; "
@@ -106,7 +108,8 @@ def load_eagle3(folder: str | os.PathLike, target: ModelConfig | None = None, dt
                               f"unexpected {sorted(unexpected)}, wrong shapes {problems}")
     if not np.array_equal(np.flatnonzero(w["t2d"]), np.sort(ids)):
         raise CheckpointError(f"{folder}: t2d does not mark exactly the target ids that d2t maps to")
-    params = {"fc": w["fc.weight"].T, "wo": w["midlayer.self_attn.o_proj.weight"].T, "w_down": w["midlayer.mlp.down_proj.weight"].T,
+    params = {"fc": w["fc.weight"].T, "wo": w["midlayer.self_attn.o_proj.weight"].T,
+              "w_down": w["midlayer.mlp.down_proj.weight"].T,
               "wqkv": np.concatenate([w[f"midlayer.self_attn.{x}_proj.weight"].T for x in "qkv"], axis=1),
               "w_gate_up": np.concatenate([w[f"midlayer.mlp.{x}_proj.weight"].T for x in ("gate", "up")], axis=1),
               "lm_head": w["lm_head.weight"].T, **{key: w[name] for key, name in _NORMS.items()}}

@@ -28,7 +28,8 @@ class MedusaConfig:
 
     def __post_init__(self):
         if self.num_heads < 1 or self.num_layers < 1:
-            raise ValueError(f"Medusa needs num_heads >= 1 and num_layers >= 1, got {self.num_heads}, {self.num_layers}")
+            raise ValueError(f"Medusa needs num_heads >= 1 and num_layers >= 1, got {self.num_heads}, "
+                             f"{self.num_layers}")
 
     @property
     def taps(self) -> tuple[int]:

@@ -55,7 +55,8 @@ def save_medusa(folder: str | os.PathLike, params: dict, cfg: MedusaConfig, *, l
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write(folder / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
-    config = {"medusa_num_heads": cfg.num_heads, "medusa_num_layers": cfg.num_layers, "base_model_name_or_path": base_model,
+    config = {"medusa_num_heads": cfg.num_heads, "medusa_num_layers": cfg.num_layers,
+              "base_model_name_or_path": base_model,
               "hidden_size": cfg.target.d_model, "vocab_size": cfg.target.vocab_size,
               "specjax_shared_lm_head": not own and lm_head == "shared", "torch_dtype": str(w.dtype), **(extra or {})}
     text = json.dumps(config, indent=2) + "\n"

@@ -109,12 +109,12 @@ def speculative_generate(params: dict, cfg: ModelConfig, prompts: list[list[int]
 def run(params: dict, cfg: ModelConfig, prompts: list[list[int]], *, method: str, num_draft: int,
         draft_model=None, layerskip_layers: int | None = None, ngram_min: int = 1, ngram_max: int = 3,
         **generate_kw) -> SpecResult:
-    """The CLI's entry: ``--method draft|layerskip|ngram --num-draft K [--draft-model PATH]
+    """The CLI's entry: ``--method draft|layerskip|ngram|eagle3|medusa --num-draft K [--draft-model PATH]
     [--layerskip-layers N] [--ngram-min A --ngram-max B]``; other keywords go to speculative_generate.
-    The draft model is loaded in the target's dtype."""
+    Draft models and heads are loaded in the target's dtype (see ``drafters.build``)."""
     if method not in drafters.METHODS:
         raise ValueError(f"unknown speculative method {method!r}; expected one of {', '.join(drafters.METHODS)}")
     check_num_draft(num_draft)  # before loading a draft model
-    drafter, dp = drafters.build(method, cfg, draft_model=draft_model, draft_dtype=params["embed"].dtype,
+    drafter, dp = drafters.build(method, cfg, target_params=params, draft_model=draft_model,
                                  layerskip_layers=layerskip_layers, ngram_min=ngram_min, ngram_max=ngram_max)
     return speculative_generate(params, cfg, prompts, drafter, dp, num_draft=num_draft, **generate_kw)

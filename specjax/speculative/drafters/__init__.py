@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from specjax.config import ModelConfig
@@ -10,28 +11,56 @@ from specjax.speculative.drafters.draft_model import DraftModel
 from specjax.speculative.drafters.layerskip import LayerSkip
 from specjax.speculative.drafters.ngram import NGram
 
-METHODS = ("draft", "layerskip", "ngram")
+METHODS = ("draft", "layerskip", "ngram", "eagle3", "medusa")
+SHIPPED_TARGET = "smollm2-135m-instruct"  # whose shipped heads eagle3/medusa use without --draft-model
 
 __all__ = ["Context", "Drafter", "DraftModel", "LayerSkip", "METHODS", "NGram", "Prefill", "Proposal", "Verified",
            "build", "draw"]
 
 
-def build(method: str, cfg: ModelConfig, *, draft_model=None, draft_dtype=None, layerskip_layers: int | None = None,
-          exit_head: dict | None = None, ngram_min: int = 1, ngram_max: int = 3) -> tuple[Drafter, Any]:
+def _load_draft_model(draft_model, target_params, dtype):
+    if isinstance(draft_model, tuple):
+        return draft_model
+    path = Path(draft_model).expanduser()
+    if path.is_dir():  # an HF folder, or a slim one sharing the target's embedding
+        from specjax.heads.draft_io import load_draft_model
+        return load_draft_model(path, target_params, dtype)
+    from specjax.loading import load_model
+    return load_model(path, **({} if dtype is None else {"dtype": dtype}))
+
+
+def _load_heads(method: str, draft_model, cfg: ModelConfig, target_params, dtype):
+    from specjax.heads import eagle3_io, medusa_io, shipped
+    from specjax.speculative.drafters.eagle3 import Eagle3
+    from specjax.speculative.drafters.medusa import Medusa
+    if draft_model is None:
+        hcfg, dp = shipped.load(SHIPPED_TARGET, method, cfg, target_params, dtype)
+    elif method == "eagle3":
+        hcfg, params, ids = eagle3_io.load_eagle3(draft_model, target=cfg, dtype=dtype)
+        dp = {"params": params, "draft_ids": ids}
+    else:
+        hcfg, dp = medusa_io.load_medusa(draft_model, cfg, dtype=dtype)
+    return (Eagle3 if method == "eagle3" else Medusa)(hcfg), dp
+
+
+def build(method: str, cfg: ModelConfig, *, target_params: dict | None = None, draft_model=None, draft_dtype=None,
+          layerskip_layers: int | None = None, exit_head: dict | None = None, ngram_min: int = 1,
+          ngram_max: int = 3) -> tuple[Drafter, Any]:
     """``(drafter, draft_params)`` for a method name, as the CLI's options describe it.
 
-    ``draft_model``: a path (.gguf or HF folder) or an already loaded ``(ModelConfig, params)`` pair.
-    ``layerskip_layers`` defaults to half the target's depth.
+    ``draft_model``: for ``draft``, a path (.gguf, HF folder, or a slim folder sharing the target's
+    embedding) or a loaded ``(ModelConfig, params)`` pair; for ``eagle3``/``medusa``, a head folder
+    (default: the head shipped for SmolLM2-135M-Instruct). Loaded in ``draft_dtype`` (default: the
+    target's). ``layerskip_layers`` defaults to half the depth.
     """
+    if method not in METHODS:
+        raise ValueError(f"unknown speculative method {method!r}; expected one of {', '.join(METHODS)}")
+    if draft_dtype is None and target_params is not None:
+        draft_dtype = target_params["embed"].dtype
     if method == "draft":
         if draft_model is None:
             raise ValueError("method 'draft' needs a draft model (--draft-model PATH)")
-        if isinstance(draft_model, tuple):
-            dcfg, dparams = draft_model
-        else:
-            from specjax.loading import load_model
-            kw = {} if draft_dtype is None else {"dtype": draft_dtype}
-            dcfg, dparams = load_model(draft_model, **kw)
+        dcfg, dparams = _load_draft_model(draft_model, target_params, draft_dtype)
         if dcfg.vocab_size != cfg.vocab_size:
             raise ValueError(f"draft model vocabulary ({dcfg.vocab_size} tokens) differs from the target's "
                              f"({cfg.vocab_size}); a draft model must share the target's tokenizer and vocabulary")
@@ -41,4 +70,4 @@ def build(method: str, cfg: ModelConfig, *, draft_model=None, draft_dtype=None, 
         return LayerSkip(n), exit_head
     if method == "ngram":
         return NGram(int(ngram_min), int(ngram_max)), None
-    raise ValueError(f"unknown speculative method {method!r}; expected one of {', '.join(METHODS)}")
+    return _load_heads(method, draft_model, cfg, target_params, draft_dtype)

@@ -41,8 +41,8 @@ class Medusa(Drafter):
         super().validate(cfg, dp, num_draft)
         t = self.cfg.target
         if (cfg.vocab_size, cfg.d_model, cfg.n_layers) != (t.vocab_size, t.d_model, t.n_layers):
-            raise ValueError(f"the Medusa heads were built for a target with vocab/width/layers "
-                             f"{(t.vocab_size, t.d_model, t.n_layers)}, got {(cfg.vocab_size, cfg.d_model, cfg.n_layers)}")
+            want, got = (t.vocab_size, t.d_model, t.n_layers), (cfg.vocab_size, cfg.d_model, cfg.n_layers)
+            raise ValueError(f"the Medusa heads were built for a target with vocab/width/layers {want}, got {got}")
         if not isinstance(dp, dict) or "w_KNDD" not in dp or dp["w_KNDD"].shape[0] != self.cfg.num_heads:
             raise ValueError(f"Medusa draft params must be the heads' params with {self.cfg.num_heads} heads")
 
