@@ -2,12 +2,13 @@
 
 params = {
   "embed": [V, D],
-  "layers": [ {"attn_norm": [D], "wqkv": [D, (H+2G)d], ("bqkv": [(H+2G)d] for qwen2),
-               "wo": [Hd, D], "mlp_norm": [D], "w_gate_up": [D, 2F], "w_down": [F, D]} ] * L,
+  "layers": [ {"attn_norm": [D], "wqkv": [(H+2G)d, D], ("bqkv": [(H+2G)d] for qwen2),
+               "wo": [D, Hd], "mlp_norm": [D], "w_gate_up": [2F, D], "w_down": [D, F]} ] * L,
   "final_norm": [D],
-  "lm_head": [D, V]            # absent when cfg.tie_embeddings
+  "lm_head": [V, D]            # absent when cfg.tie_embeddings
 }
-q/k/v and gate/up are stored fused (one matmul each); loaders split/join names.
+Weights are stored ``[out, in]`` as in HF checkpoints (``layers.linear``); q/k/v and gate/up are
+stored fused (one matmul each); loaders split/join names.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import jax.numpy as jnp
 from specjax import attention
 from specjax import cache as kv
 from specjax.config import ModelConfig
-from specjax.layers import apply_rope, rms_norm, rope_tables, swiglu
+from specjax.layers import apply_rope, linear, rms_norm, rope_tables, swiglu
 
 
 def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32, scale: float = 0.02) -> dict:
@@ -34,14 +35,14 @@ def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32, scale: floa
 
     layers = []
     for _ in range(cfg.n_layers):
-        lp = {"attn_norm": jnp.ones((D,), dtype), "wqkv": w((D, qkv)), "wo": w((cfg.q_dim, D)),
-              "mlp_norm": jnp.ones((D,), dtype), "w_gate_up": w((D, 2 * F)), "w_down": w((F, D))}
+        lp = {"attn_norm": jnp.ones((D,), dtype), "wqkv": w((qkv, D)), "wo": w((D, cfg.q_dim)),
+              "mlp_norm": jnp.ones((D,), dtype), "w_gate_up": w((2 * F, D)), "w_down": w((D, F))}
         if cfg.qkv_bias:
             lp["bqkv"] = w((qkv,))
         layers.append(lp)
     params = {"embed": w((V, D)), "layers": layers, "final_norm": jnp.ones((D,), dtype)}
     if not cfg.tie_embeddings:
-        params["lm_head"] = w((D, V))
+        params["lm_head"] = w((V, D))
     return params
 
 
@@ -51,15 +52,15 @@ def embed(params: dict, tokens_BT: jax.Array) -> jax.Array:
 
 def lm_head(params: dict, cfg: ModelConfig, h_BTD: jax.Array) -> jax.Array:
     """Final-normed hidden states -> float32 logits."""
-    w_DV = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
-    return jnp.einsum("btd,dv->btv", h_BTD, w_DV, preferred_element_type=jnp.float32)
+    w_VD = params["embed"] if cfg.tie_embeddings else params["lm_head"]
+    return jnp.einsum("btd,vd->btv", h_BTD, w_VD, preferred_element_type=jnp.float32)
 
 
 def attention_block(lp: dict, cfg: ModelConfig, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B):
     """One attention sub-layer; writes this step's K/V into the cache at ``start_B``."""
     B, T, _ = x_BTD.shape
     H, G, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    qkv = x_BTD @ lp["wqkv"]
+    qkv = linear(x_BTD, lp["wqkv"])
     if "bqkv" in lp:
         qkv = qkv + lp["bqkv"]
     q, k, v = jnp.split(qkv, [cfg.q_dim, cfg.q_dim + cfg.kv_dim], axis=-1)
@@ -69,7 +70,7 @@ def attention_block(lp: dict, cfg: ModelConfig, x_BTD, cos, sin, q_pos_BT, k_BSG
     k_BSGd = kv.write(k_BSGd, k_BTGd, start_B)
     v_BSGd = kv.write(v_BSGd, v_BTGd, start_B)
     o_BTHd = attention.attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT)
-    return o_BTHd.reshape(B, T, H * d) @ lp["wo"], k_BSGd, v_BSGd
+    return linear(o_BTHd.reshape(B, T, H * d), lp["wo"]), k_BSGd, v_BSGd
 
 
 def decoder_layer(lp, cfg, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B):

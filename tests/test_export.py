@@ -58,7 +58,7 @@ def test_eagle3_roundtrip_is_bit_identical_in_vllm_layout(tmp_path, target, dtyp
     assert got["d2t"].dtype == np.int64 and got["t2d"].dtype == np.bool_
     assert np.array_equal(got["d2t"] + np.arange(40), ids) and np.array_equal(np.flatnonzero(got["t2d"]), ids)
     assert got["fc.weight"].dtype == np.dtype(dtype)
-    np.testing.assert_array_equal(got["midlayer.self_attn.q_proj.weight"], np.asarray(params["wqkv"][:, :Q]).T)
+    np.testing.assert_array_equal(got["midlayer.self_attn.q_proj.weight"], np.asarray(params["wqkv"][:Q]))
 
 
 def test_eagle3_import_rejects_a_mismatched_file(tmp_path, target):

@@ -67,7 +67,7 @@ def test_gguf_llama_file_holds_permuted_rows(tmp_path):
     cfg, params = random_model()
     reader = gguf.GGUFReader(write_gguf(tmp_path / "m.gguf", cfg, params))
     stored = {t.name: np.asarray(t.data) for t in reader.tensors}["blk.0.attn_q.weight"]
-    q_hf = np.asarray(params["layers"][0]["wqkv"][:, :cfg.q_dim]).T
+    q_hf = np.asarray(params["layers"][0]["wqkv"][:cfg.q_dim])  # [out, in] rows, as in HF
     assert not np.array_equal(stored, q_hf)
     np.testing.assert_array_equal(stored, permute_rows(q_hf, cfg.n_heads))
 

@@ -63,7 +63,7 @@ def load_draft_model(folder: str | os.PathLike, target_params: dict | None = Non
     cfg = config_from_hf(conf, str(folder / "config.json"))
     shared = {"model.embed_tokens.weight": np.asarray(target_params["embed"])}
     if not cfg.tie_embeddings:
-        shared["lm_head.weight"] = np.asarray(target_params["lm_head"]).T
+        shared["lm_head.weight"] = np.asarray(target_params["lm_head"])
     dtype = dtype if dtype is not None else np.asarray(target_params["embed"]).dtype
     steps = namemap.plan("hf", cfg)
     try:

@@ -10,8 +10,9 @@ reduced draft vocabulary (``draft_ids_N``: draft id -> target id) predicting ``x
 steps feed the layer's own pre-norm output back in place of ``g`` (row s+1 at position s+1).
 The token embedding is the target's (frozen, passed in), never stored here.
 
-params = {"fc": [3D, D], "input_norm": [D], "hidden_norm": [D], "wqkv": [2D, (H+2G)d], "wo": [Hd, D],
-          "mlp_norm": [D], "w_gate_up": [D, 2F], "w_down": [F, D], "final_norm": [D], "lm_head": [D, N]}
+params = {"fc": [D, 3D], "input_norm": [D], "hidden_norm": [D], "wqkv": [(H+2G)d, 2D], "wo": [D, Hd],
+          "mlp_norm": [D], "w_gate_up": [2F, D], "w_down": [D, F], "final_norm": [D], "lm_head": [N, D]}
+(weights ``[out, in]`` as everywhere in specjax, applied with ``layers.linear``)
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import jax.numpy as jnp
 from specjax import attention
 from specjax import cache as kv
 from specjax.config import ModelConfig
-from specjax.layers import apply_rope, rms_norm, rope_tables, swiglu
+from specjax.layers import apply_rope, linear, rms_norm, rope_tables, swiglu
 
 
 def default_taps(n_layers: int) -> tuple[int, int, int]:
@@ -68,22 +69,22 @@ def init_params(cfg: Eagle3Config, key: jax.Array, target_params: dict | None = 
     def w(shape):
         return (scale * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
 
-    p = {"fc": w((3 * D, D)), "input_norm": jnp.ones((D,), dtype), "hidden_norm": jnp.ones((D,), dtype),
-         "wqkv": w((2 * D, t.q_dim + 2 * t.kv_dim)), "wo": w((t.q_dim, D)), "mlp_norm": jnp.ones((D,), dtype),
-         "w_gate_up": w((D, 2 * F)), "w_down": w((F, D)), "final_norm": jnp.ones((D,), dtype),
-         "lm_head": w((D, cfg.draft_vocab_size))}
+    p = {"fc": w((D, 3 * D)), "input_norm": jnp.ones((D,), dtype), "hidden_norm": jnp.ones((D,), dtype),
+         "wqkv": w((t.q_dim + 2 * t.kv_dim, 2 * D)), "wo": w((D, t.q_dim)), "mlp_norm": jnp.ones((D,), dtype),
+         "w_gate_up": w((2 * F, D)), "w_down": w((D, F)), "final_norm": jnp.ones((D,), dtype),
+         "lm_head": w((cfg.draft_vocab_size, D))}
     if target_params is not None:
         if draft_ids_N is None:
             raise ValueError("init from target_params needs draft_ids_N (draft id -> target id)")
-        head_DV = target_params["embed"].T if t.tie_embeddings else target_params["lm_head"]
-        p["lm_head"] = jnp.take(head_DV, draft_ids_N, axis=1).astype(dtype)
+        head_VD = target_params["embed"] if t.tie_embeddings else target_params["lm_head"]
+        p["lm_head"] = jnp.take(head_VD, draft_ids_N, axis=0).astype(dtype)
         p["final_norm"] = target_params["final_norm"].astype(dtype)
     return p
 
 
 def fuse(params: dict, taps: tuple[jax.Array, ...]) -> jax.Array:
     """The three tapped target hidden states [B, T, D] each -> g [B, T, D]."""
-    return jnp.concatenate(taps, axis=-1).astype(params["fc"].dtype) @ params["fc"]
+    return linear(jnp.concatenate(taps, axis=-1).astype(params["fc"].dtype), params["fc"])
 
 
 def layer_input(params: dict, cfg: Eagle3Config, emb_BTD: jax.Array, h_BTD: jax.Array) -> jax.Array:
@@ -97,7 +98,7 @@ def qkv(params: dict, cfg: Eagle3Config, x_BT2D: jax.Array, pos_BT: jax.Array):
     """Rotated q [B,T,H,d] and k [B,T,G,d], and v [B,T,G,d] at positions ``pos_BT``."""
     c = cfg.layer
     B, T, _ = x_BT2D.shape
-    q, k, v = jnp.split(x_BT2D @ params["wqkv"], [c.q_dim, c.q_dim + c.kv_dim], axis=-1)
+    q, k, v = jnp.split(linear(x_BT2D, params["wqkv"]), [c.q_dim, c.q_dim + c.kv_dim], axis=-1)
     cos, sin = rope_tables(c, pos_BT)
     return (apply_rope(q.reshape(B, T, c.n_heads, c.head_dim), cos, sin),
             apply_rope(k.reshape(B, T, c.n_kv_heads, c.head_dim), cos, sin), v.reshape(B, T, c.n_kv_heads, c.head_dim))
@@ -106,7 +107,7 @@ def qkv(params: dict, cfg: Eagle3Config, x_BT2D: jax.Array, pos_BT: jax.Array):
 def finish(params: dict, cfg: Eagle3Config, h_BTD: jax.Array, attn_BTHd: jax.Array) -> jax.Array:
     """Residual + o-proj, then the SwiGLU MLP block: the layer's pre-norm output."""
     B, T = attn_BTHd.shape[:2]
-    h_BTD = h_BTD + attn_BTHd.reshape(B, T, -1) @ params["wo"]
+    h_BTD = h_BTD + linear(attn_BTHd.reshape(B, T, -1), params["wo"])
     x = rms_norm(h_BTD, params["mlp_norm"], cfg.target.norm_eps)
     return h_BTD + swiglu(x, params["w_gate_up"], params["w_down"])
 
@@ -132,7 +133,7 @@ def step(params: dict, cfg: Eagle3Config, embed_VD: jax.Array, tokens_BT: jax.Ar
 def logits(params: dict, cfg: Eagle3Config, h_BTD: jax.Array) -> jax.Array:
     """Pre-norm head output -> float32 logits over the draft vocabulary [B, T, N]."""
     x = rms_norm(h_BTD, params["final_norm"], cfg.target.norm_eps)
-    return jnp.einsum("btd,dn->btn", x, params["lm_head"], preferred_element_type=jnp.float32)
+    return jnp.einsum("btd,nd->btn", x, params["lm_head"], preferred_element_type=jnp.float32)
 
 
 def to_target_vocab(logits_XN: jax.Array, draft_ids_N: jax.Array, vocab_size: int) -> jax.Array:

@@ -34,18 +34,18 @@ _NORMS = {"input_norm": "midlayer.input_layernorm.weight", "hidden_norm": "midla
 
 
 def tensors_of(params: dict, cfg: Eagle3Config, draft_ids_N) -> dict[str, np.ndarray]:
-    """Our params -> the checkpoint's named tensors (torch ``[out, in]`` order)."""
+    """Our params -> the checkpoint's named tensors (both ``[out, in]``: a split, no transposes)."""
     t, F = cfg.target, cfg.ffn_dim
     p = {k: np.asarray(v) for k, v in params.items()}
-    q, k, v = np.split(p["wqkv"], [t.q_dim, t.q_dim + t.kv_dim], axis=1)
-    gate, up = np.split(p["w_gate_up"], [F], axis=1)
+    q, k, v = np.split(p["wqkv"], [t.q_dim, t.q_dim + t.kv_dim], axis=0)
+    gate, up = np.split(p["w_gate_up"], [F], axis=0)
     ids = np.asarray(draft_ids_N, np.int64)
     t2d = np.zeros(t.vocab_size, bool)
     t2d[ids] = True
-    out = {"fc.weight": p["fc"].T, "midlayer.self_attn.q_proj.weight": q.T, "midlayer.self_attn.k_proj.weight": k.T,
-           "midlayer.self_attn.v_proj.weight": v.T, "midlayer.self_attn.o_proj.weight": p["wo"].T,
-           "midlayer.mlp.gate_proj.weight": gate.T, "midlayer.mlp.up_proj.weight": up.T,
-           "midlayer.mlp.down_proj.weight": p["w_down"].T, "lm_head.weight": p["lm_head"].T,
+    out = {"fc.weight": p["fc"], "midlayer.self_attn.q_proj.weight": q, "midlayer.self_attn.k_proj.weight": k,
+           "midlayer.self_attn.v_proj.weight": v, "midlayer.self_attn.o_proj.weight": p["wo"],
+           "midlayer.mlp.gate_proj.weight": gate, "midlayer.mlp.up_proj.weight": up,
+           "midlayer.mlp.down_proj.weight": p["w_down"], "lm_head.weight": p["lm_head"],
            "d2t": ids - np.arange(len(ids), dtype=np.int64), "t2d": t2d}
     out.update({name: p[key] for key, name in _NORMS.items()})
     return {name: np.ascontiguousarray(x) for name, x in out.items()}
@@ -108,17 +108,17 @@ def load_eagle3(folder: str | os.PathLike, target: ModelConfig | None = None, dt
                               f"unexpected {sorted(unexpected)}, wrong shapes {problems}")
     if not np.array_equal(np.flatnonzero(w["t2d"]), np.sort(ids)):
         raise CheckpointError(f"{folder}: t2d does not mark exactly the target ids that d2t maps to")
-    params = {"fc": w["fc.weight"].T, "wo": w["midlayer.self_attn.o_proj.weight"].T,
-              "w_down": w["midlayer.mlp.down_proj.weight"].T,
-              "wqkv": np.concatenate([w[f"midlayer.self_attn.{x}_proj.weight"].T for x in "qkv"], axis=1),
-              "w_gate_up": np.concatenate([w[f"midlayer.mlp.{x}_proj.weight"].T for x in ("gate", "up")], axis=1),
-              "lm_head": w["lm_head.weight"].T, **{key: w[name] for key, name in _NORMS.items()}}
+    params = {"fc": w["fc.weight"], "wo": w["midlayer.self_attn.o_proj.weight"],
+              "w_down": w["midlayer.mlp.down_proj.weight"],
+              "wqkv": np.concatenate([w[f"midlayer.self_attn.{x}_proj.weight"] for x in "qkv"], axis=0),
+              "w_gate_up": np.concatenate([w[f"midlayer.mlp.{x}_proj.weight"] for x in ("gate", "up")], axis=0),
+              "lm_head": w["lm_head.weight"], **{key: w[name] for key, name in _NORMS.items()}}
     params = {k: jnp.asarray(v, dtype) for k, v in params.items()}
     return cfg, params, jnp.asarray(ids, jnp.int32)
 
 
 def _shapes_only(cfg: Eagle3Config) -> dict:
     t, D, F = cfg.target, cfg.target.d_model, cfg.ffn_dim
-    shapes = {"fc": (3 * D, D), "wqkv": (2 * D, t.q_dim + 2 * t.kv_dim), "wo": (t.q_dim, D), "w_gate_up": (D, 2 * F),
-              "w_down": (F, D), "lm_head": (D, cfg.draft_vocab_size), **{k: (D,) for k in _NORMS}}
+    shapes = {"fc": (D, 3 * D), "wqkv": (t.q_dim + 2 * t.kv_dim, 2 * D), "wo": (D, t.q_dim), "w_gate_up": (2 * F, D),
+              "w_down": (D, F), "lm_head": (cfg.draft_vocab_size, D), **{k: (D,) for k in _NORMS}}
     return {k: np.empty(s, np.int8) for k, s in shapes.items()}

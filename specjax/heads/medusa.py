@@ -6,7 +6,8 @@ head predicts x_{t+1}) and predicts x_{t+2+k}: ``num_layers`` residual blocks
 the target's own (``own_lm_head=False``, nothing extra to store) or one per head (initialised from
 the target's, the Medusa repository's layout).
 
-params = {"w_KNDD": [K, n, D, D], "b_KND": [K, n, D], ("lm_head_KDV": [K, D, V] if own_lm_head)}
+params = {"w_KNDD": [K, n, D, D], "b_KND": [K, n, D], ("lm_head_KVD": [K, V, D] if own_lm_head)}
+(weights ``[out, in]`` as everywhere in specjax)
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ def init_params(cfg: MedusaConfig, target_params: dict | None = None, dtype=jnp.
     if cfg.own_lm_head:
         if target_params is None:
             raise ValueError("own_lm_head=True initialises each head from the target's LM head: pass target_params")
-        head_DV = target_params["embed"].T if cfg.target.tie_embeddings else target_params["lm_head"]
-        p["lm_head_KDV"] = jnp.broadcast_to(head_DV.astype(dtype), (K,) + head_DV.shape)
+        head_VD = target_params["embed"] if cfg.target.tie_embeddings else target_params["lm_head"]
+        p["lm_head_KVD"] = jnp.broadcast_to(head_VD.astype(dtype), (K,) + head_VD.shape)
     return p
 
 
@@ -54,7 +55,7 @@ def hidden(params: dict, h_XD: jax.Array) -> jax.Array:
     x = jnp.broadcast_to(h_XD.astype(params["w_KNDD"].dtype), (K,) + h_XD.shape)
     for i in range(n):
         w_KDD, b_KD = params["w_KNDD"][:, i], params["b_KND"][:, i]
-        y = jnp.einsum("k...d,kde->k...e", x, w_KDD) + b_KD.reshape((K,) + (1,) * (x.ndim - 2) + (-1,))
+        y = jnp.einsum("k...d,ked->k...e", x, w_KDD) + b_KD.reshape((K,) + (1,) * (x.ndim - 2) + (-1,))
         x = x + jax.nn.silu(y)
     return x
 
@@ -62,8 +63,8 @@ def hidden(params: dict, h_XD: jax.Array) -> jax.Array:
 def logits(params: dict, cfg: MedusaConfig, h_XD: jax.Array, target_params: dict) -> jax.Array:
     """float32 logits [K, ..., V] of every head from final-normed target hidden states [..., D]."""
     x = hidden(params, h_XD)
-    if "lm_head_KDV" in params:
-        return jnp.einsum("k...d,kdv->k...v", x, params["lm_head_KDV"], preferred_element_type=jnp.float32)
-    head_DV = target_params["embed"].T if cfg.target.tie_embeddings else target_params["lm_head"]
-    return jnp.einsum("k...d,dv->k...v", x, head_DV.astype(x.dtype), preferred_element_type=jnp.float32)
+    if "lm_head_KVD" in params:
+        return jnp.einsum("k...d,kvd->k...v", x, params["lm_head_KVD"], preferred_element_type=jnp.float32)
+    head_VD = target_params["embed"] if cfg.target.tie_embeddings else target_params["lm_head"]
+    return jnp.einsum("k...d,vd->k...v", x, head_VD.astype(x.dtype), preferred_element_type=jnp.float32)
 

@@ -38,18 +38,18 @@ def save_medusa(folder: str | os.PathLike, params: dict, cfg: MedusaConfig, *, l
         raise ValueError(f"the Medusa repository format shares one ResBlock per head; got num_layers={cfg.num_layers}")
     if lm_head not in ("shared", "materialize"):
         raise ValueError(f"lm_head must be 'shared' or 'materialize', got {lm_head!r}")
-    own = "lm_head_KDV" in params
+    own = "lm_head_KVD" in params
     if lm_head == "materialize" and not own and target_params is None:
         raise ValueError("lm_head='materialize' with shared heads needs target_params (to copy its LM head)")
     w, b = np.asarray(params["w_KNDD"]), np.asarray(params["b_KND"])
     tensors = {}
     for k in range(cfg.num_heads):
-        tensors[f"{k}.0.linear.weight"] = w[k, 0].T
+        tensors[f"{k}.0.linear.weight"] = w[k, 0]
         tensors[f"{k}.0.linear.bias"] = b[k, 0]
         if own:
-            tensors[f"{k}.1.weight"] = np.asarray(params["lm_head_KDV"][k]).T
+            tensors[f"{k}.1.weight"] = np.asarray(params["lm_head_KVD"][k])
         elif lm_head == "materialize":
-            head = target_params["embed"] if cfg.target.tie_embeddings else np.asarray(target_params["lm_head"]).T
+            head = target_params["embed"] if cfg.target.tie_embeddings else target_params["lm_head"]
             tensors[f"{k}.1.weight"] = np.asarray(head).astype(w.dtype)
     tensors = {n: np.ascontiguousarray(x) for n, x in tensors.items()}
     folder = Path(folder)
@@ -87,8 +87,8 @@ def load_medusa(folder: str | os.PathLike, target: ModelConfig, dtype=None) -> t
         raise CheckpointError(f"{folder}/{WEIGHTS} holds {sorted(got.items())[:6]}...; expected exactly "
                               f"{sorted(expected.items())[:6]}... for {K} heads, width {D}, vocab {V}, shared={shared}")
     cfg = MedusaConfig(target, num_heads=K, num_layers=1, own_lm_head=not shared)
-    params = {"w_KNDD": np.stack([w[f"{k}.0.linear.weight"].T for k in range(K)])[:, None],
+    params = {"w_KNDD": np.stack([w[f"{k}.0.linear.weight"] for k in range(K)])[:, None],
               "b_KND": np.stack([w[f"{k}.0.linear.bias"] for k in range(K)])[:, None]}
     if not shared:
-        params["lm_head_KDV"] = np.stack([w[f"{k}.1.weight"].T for k in range(K)])
+        params["lm_head_KVD"] = np.stack([w[f"{k}.1.weight"] for k in range(K)])
     return cfg, {k: jnp.asarray(v, dtype) for k, v in params.items()}

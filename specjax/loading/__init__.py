@@ -3,7 +3,7 @@
     cfg, params = load_model("~/.cache/specjax/models/smollm2-135m-instruct.gguf", jnp.float32)
 
 Both formats go through one declarative name map (``namemap.py``) whose named transforms
-(``transforms.py``) fuse q|k|v and gate|up, transpose to ``[in, out]`` and undo llama.cpp's Q/K
+(``transforms.py``) fuse q|k|v and gate|up (weights stay ``[out, in]`` as in HF) and undo llama.cpp's Q/K
 row permutation. Any mismatch (missing/unexpected tensor, wrong shape, corrupt file) raises
 ``specjax.errors.CheckpointError``. ``export_hf`` writes params back as an HF folder.
 """

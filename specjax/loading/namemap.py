@@ -35,14 +35,14 @@ class Rule:
 RULES: tuple[Rule, ...] = (
     Rule("embed", "copy", ("embed",)),
     Rule("final_norm", "copy", ("final_norm",)),
-    Rule("lm_head", "transpose", ("lm_head",), when="untied"),
+    Rule("lm_head", "copy", ("lm_head",), when="untied"),
     Rule("layers.{i}.attn_norm", "copy", ("attn_norm",)),
-    Rule("layers.{i}.wqkv", "fuse_transpose", ("q", "k", "v")),
+    Rule("layers.{i}.wqkv", "concat", ("q", "k", "v")),
     Rule("layers.{i}.bqkv", "concat", ("q_bias", "k_bias", "v_bias"), when="qkv_bias"),
-    Rule("layers.{i}.wo", "transpose", ("o",)),
+    Rule("layers.{i}.wo", "copy", ("o",)),
     Rule("layers.{i}.mlp_norm", "copy", ("mlp_norm",)),
-    Rule("layers.{i}.w_gate_up", "fuse_transpose", ("gate", "up")),
-    Rule("layers.{i}.w_down", "transpose", ("down",)),
+    Rule("layers.{i}.w_gate_up", "concat", ("gate", "up")),
+    Rule("layers.{i}.w_down", "copy", ("down",)),
 )
 
 _HF = {

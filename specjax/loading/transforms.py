@@ -3,7 +3,7 @@
 Two kinds, both pure numpy:
   * role transforms act on one checkpoint tensor (numpy layout ``[out, in]``) before combining;
     today only llama.cpp's Q/K row permutation, which GGUF files of Llama models carry.
-  * combines build one of our params from its checkpoint tensors (transpose to ``[in, out]``,
+  * combines build one of our params from its checkpoint tensors (weights stay ``[out, in]``;
     fuse q|k|v or gate|up) and split it back for export.
 Every transform has an inverse so the same table drives loading and exporting.
 """
@@ -74,12 +74,7 @@ def _one(ws: Sequence[np.ndarray]) -> np.ndarray:
 COMBINES: dict[str, Combine] = {
     # norms, embeddings: stored as-is
     "copy": Combine(_one, lambda p, sizes: [p]),
-    # one linear layer: [out, in] -> [in, out]
-    "transpose": Combine(lambda ws: np.ascontiguousarray(_one(ws).T),
-                         lambda p, sizes: [np.ascontiguousarray(p.T)]),
-    # several linear layers sharing an input: concat outputs, then [in, sum(out)]
-    "fuse_transpose": Combine(lambda ws: np.ascontiguousarray(np.concatenate(ws, axis=0).T),
-                              lambda p, sizes: [np.ascontiguousarray(w) for w in _split_rows(p.T, sizes)]),
-    # biases of fused layers
-    "concat": Combine(lambda ws: np.concatenate(ws, axis=0), _split_rows),
+    # several linear layers sharing an input (weights [out, in]) or their biases: stack the outputs
+    "concat": Combine(lambda ws: np.concatenate(ws, axis=0),
+                      lambda p, sizes: [np.ascontiguousarray(w) for w in _split_rows(p, sizes)]),
 }

@@ -2,7 +2,7 @@
 
 The exit head is the target's own final norm and LM head by default (zero training: expect it to be
 slower than plain decoding), or a trained one passed as ``dp``: a dict with any of
-``final_norm`` [D], ``lm_head`` [D, V] (replacing the target's) and ``adapter`` [D, D] (a residual
+``final_norm`` [D], ``lm_head`` [V, D] (replacing the target's) and ``adapter`` [D, D] (a residual
 linear map applied to the layer-N hidden state before the norm; zero-init = no-op).
 
 The first N layers' K/V of every accepted token equal the target's (same weights, same inputs), so
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from specjax import cache as kv
 from specjax import model
 from specjax.config import ModelConfig
-from specjax.layers import rms_norm
+from specjax.layers import linear, rms_norm
 from specjax.speculative.drafters.base import Context, Drafter, Proposal, draw
 
 EXIT_HEAD_KEYS = ("final_norm", "lm_head", "adapter")
@@ -40,7 +40,7 @@ class LayerSkip(Drafter):
         if dp is None:
             return
         D, V = cfg.d_model, cfg.vocab_size
-        expected = {"final_norm": (D,), "lm_head": (D, V), "adapter": (D, D)}
+        expected = {"final_norm": (D,), "lm_head": (V, D), "adapter": (D, D)}
         if not isinstance(dp, dict) or not dp or set(dp) - set(EXIT_HEAD_KEYS):
             raise ValueError(f"a layerskip exit head is a dict with keys among {EXIT_HEAD_KEYS}, got {dp!r:.200}")
         for k, v in dp.items():
@@ -57,7 +57,7 @@ class LayerSkip(Drafter):
         _, (h_B1D,), cache = model.forward(tp, cfg, tok_B[:, None], cache, num_layers=N, taps=(N,),
                                            compute_logits=False)
         if "adapter" in dp:
-            h_B1D = h_B1D + h_B1D @ dp["adapter"]
+            h_B1D = h_B1D + linear(h_B1D, dp["adapter"])
         h_B1D = rms_norm(h_B1D, dp.get("final_norm", tp["final_norm"]), cfg.norm_eps)
         if "lm_head" in dp:
             logits_B1V = model.lm_head({"lm_head": dp["lm_head"]}, cfg.replace(tie_embeddings=False), h_B1D)
