@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import common
+import hf_baseline
 from specjax import config, model
 from specjax.generate import generate
 
@@ -59,29 +59,6 @@ def bench_model(name, params, cfg, bw, prompt_len, n_lo, n_hi):
     return rows
 
 
-def hf_greedy(gguf_path: str, prompts: list[list[int]], max_new: int) -> dict:
-    """Hugging Face transformers greedy generation with the same GGUF, prompts and budget (bf16)."""
-    import os
-    import torch
-    from transformers import AutoModelForCausalLM
-    m = AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path),
-                                             torch_dtype=torch.bfloat16).cuda().eval()
-    total, secs = 0, 0.0
-    with torch.inference_mode():
-        warm = torch.tensor([prompts[0]], device="cuda")
-        m.generate(warm, max_new_tokens=8, do_sample=False)
-        for p in prompts:
-            ids = torch.tensor([p], device="cuda")
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
-                             eos_token_id=None, min_new_tokens=max_new)
-            torch.cuda.synchronize()
-            secs += time.perf_counter() - t0
-            total += out.shape[1] - ids.shape[1]
-    return {"hf_tokens": total, "hf_seconds": secs, "hf_tokens_per_s": total / secs}
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", default=None, help="SmolLM2 GGUF path (default: the fetched asset)")
@@ -120,7 +97,8 @@ def main():
             ours = [generate(params, cfg, [p], max_new_tokens=args.max_new, eos_token_ids=(), pad_to=512)
                     for p in prompts]
             ours_tps = sum(sum(r.new_tokens) for r in ours) / sum(r.seconds for r in ours)
-            hf = hf_greedy(path, prompts, args.max_new)
+            hf = hf_baseline.generate(hf_baseline.load(path), prompts, args.max_new)
+            hf.pop("outputs")
             res["mtbench_greedy"] = {"prompts": len(prompts), "max_new_tokens": args.max_new,
                                      "specjax_tokens_per_s": ours_tps, **hf,
                                      "speedup_vs_hf": ours_tps / hf["hf_tokens_per_s"]}

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import common
+import hf_baseline
 from specjax.generate import generate
 from specjax.loading import load_model
 from specjax.speculative import engine
@@ -43,7 +44,8 @@ def run_method(params, cfg, prompts, method: str, k: int, max_new: int, layerski
 def summarize(results, ar_outputs=None) -> dict:
     tokens = sum(sum(r.new_tokens) for r in results)
     seconds = sum(r.seconds for r in results)
-    row = {"prompts": len(results), "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+    row = {"prompts": len(results), "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+           "per_prompt": [(sum(r.new_tokens), r.seconds) for r in results]}
     if hasattr(results[0], "stats"):
         cycles = sum(int(r.stats.cycles_B.sum()) for r in results)
         accepted = sum(r.stats.accepted_BK.sum(axis=0) for r in results)
@@ -62,10 +64,25 @@ def batch_throughput(params, cfg, prompts, method, k, max_new, layerskip, batch)
         call = lambda: generate(params, cfg, ps, max_new_tokens=max_new, pad_to=PAD)  # noqa: E731
     else:
         call = lambda: engine.run(params, cfg, ps, method=method, num_draft=k, max_new_tokens=max_new,  # noqa: E731
-                                  layerskip_layers=layerskip)
+                                  layerskip_layers=layerskip, pad_to=PAD)
     call()
     r = call()
     return sum(r.new_tokens) / r.seconds
+
+
+def save(res: dict, args) -> None:
+    """(Re)write the results files; called after every row so a cut-off run keeps what it measured."""
+    cols = ["method", "K", "tau", "tokens_per_s", "speedup_vs_ar", "identical_to_ar", "prompts"]
+    md = (f"# Speculative decoding, SmolLM2-135M bf16, {args.dataset}, B=1, greedy, {args.max_new} new tokens\n\n"
+          f"{res['device_kind']}, jax {res['jax']}, {res['date']}\n\n" + common.md_table(res["rows"], cols))
+    if "hf_rows" in res:
+        md += f"\nSame {args.hf} prompts: " + ", ".join(
+            f"{r['method']} {r['hf_tokens_per_s']:.1f} tok/s" for r in res["hf_rows"]) + "; " + ", ".join(
+            f"specjax {r['method']}{r['K'] or ''} {r['subset_tokens_per_s']:.1f} tok/s" for r in res["rows"]
+            if "subset_tokens_per_s" in r) + "\n"
+    if "batch_rows" in res:
+        md += "\n" + common.md_table(res["batch_rows"], ["B", "method", "K", "tokens_per_s", "speedup_vs_ar"])
+    common.write_results(f"spec_{args.dataset}_{res['device']}_{res['date']}", res, md)
 
 
 def main():
@@ -78,6 +95,9 @@ def main():
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--limit", type=int, default=0, help="first N prompts only (0 = all)")
     ap.add_argument("--batches", default="", help="e.g. 1,8,32: batch throughput for each method")
+    ap.add_argument("--batch-methods", default="ar,ngram:4", help="methods for the batch sweep (AR first)")
+    ap.add_argument("--hf", type=int, default=0, help="also run HF transformers greedy and prompt lookup on the "
+                                                      "first N prompts (same budget, EOS on)")
     args = ap.parse_args()
     data = json.load(open(args.prompts))
     prompts = data[args.dataset][: args.limit or None]
@@ -98,21 +118,34 @@ def main():
             row["per_category"] = {c: summarize([r for r, cc in zip(results, cats) if cc == c])
                                    for c in sorted(set(cats))}
         res["rows"].append(row)
-        print({k: v for k, v in row.items() if k not in ("first_divergence", "per_category")}, flush=True)
+        print({k: v for k, v in row.items() if k not in ("first_divergence", "per_category", "per_prompt")}, flush=True)
+        save(res, args)
     for b in [int(x) for x in args.batches.split(",") if x]:
-        for spec in args.methods.split(","):
+        for spec in args.batch_methods.split(","):
             method, _, k = spec.partition(":")
             tps = batch_throughput(params, cfg, prompts[:b], method, int(k or 0), args.max_new,
                                    args.layerskip_layers, b)
-            res.setdefault("batch_rows", []).append({"B": b, "method": method, "K": int(k or 0), "tokens_per_s": tps})
+            if method == "ar":
+                ar_b = tps
+            res.setdefault("batch_rows", []).append({"B": b, "method": method, "K": int(k or 0), "tokens_per_s": tps,
+                                                     "speedup_vs_ar": tps / ar_b})
             print(res["batch_rows"][-1], flush=True)
-    cols = ["method", "K", "tau", "tokens_per_s", "speedup_vs_ar", "identical_to_ar", "prompts"]
-    md = (f"# Speculative decoding, SmolLM2-135M bf16, {args.dataset}, B=1, greedy, {args.max_new} new tokens\n\n"
-          f"{res['device_kind']}, jax {res['jax']}, {res['date']}\n\n" + common.md_table(res["rows"], cols))
-    if "batch_rows" in res:
-        md += "\n" + common.md_table(res["batch_rows"], ["B", "method", "K", "tokens_per_s"])
-    common.write_results(f"spec_{args.dataset}_{res['device']}_{res['date']}", res, md)
-    print(md)
+            save(res, args)
+    if args.hf:
+        hf_model = hf_baseline.load(args.gguf)
+        sub = prompts[: args.hf]
+        for name, kw in (("hf_greedy", {}), ("hf_prompt_lookup", {"prompt_lookup_num_tokens": 10})):
+            hf = hf_baseline.generate(hf_model, sub, args.max_new, eos_token_id=cfg.eos_token_ids[0], **kw)
+            outs = hf.pop("outputs")
+            same = sum(o == a[: len(o)] or a == o[: len(a)] for o, a in zip(outs, ar_out)) if ar_out else None
+            res.setdefault("hf_rows", []).append({"method": name, **hf, "prefix_agrees_with_specjax_ar": same})
+            print(res["hf_rows"][-1], flush=True)
+        for row in res["rows"]:  # specjax on the same prompts, for a same-prompt comparison
+            toks, secs = zip(*row["per_prompt"][: args.hf])
+            row["subset_tokens_per_s"] = sum(toks) / sum(secs)
+        res["subset_note"] = f"hf_rows and subset_tokens_per_s use the first {args.hf} prompts"
+    save(res, args)
+    print((common.RESULTS / f"spec_{args.dataset}_{res['device']}_{res['date']}.md").read_text())
 
 
 if __name__ == "__main__":

@@ -87,9 +87,10 @@ def test_a_drafter_equal_to_the_target_is_always_accepted(tiny, ar, method):
 @pytest.mark.parametrize("method", ["ngram", "draft"])
 def test_eos_stops_each_sequence_inside_a_cycle(tiny, ar, method):
     cfg, params, _, _ = tiny
-    eos = ar[0][4]  # pretend the fifth token of prompt 0 is EOS
+    cut = next(i for i, t in enumerate(ar[0]) if i >= 3 and t not in ar[0][:i])
+    eos = ar[0][cut]  # pretend a token first emitted mid-way through prompt 0's output is EOS
     want = generate(params, cfg, PROMPTS, max_new_tokens=MAX_NEW, eos_token_ids=(eos,)).output_ids
-    assert want[0] == ar[0][:5]
+    assert want[0] == ar[0][:cut + 1]
     drafter, dp = _drafter(tiny, method)
     res = speculative_generate(params, cfg, PROMPTS, drafter, dp, num_draft=3, max_new_tokens=MAX_NEW,
                                eos_token_ids=(eos,))
