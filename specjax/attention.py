@@ -17,11 +17,12 @@ def attention_reference(q_BTHd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array,
                         q_pos_BT: jax.Array, kv_pos_BS: jax.Array | None = None) -> jax.Array:
     """Causal GQA attention: query at position p sees key slots s with kv_pos[s] <= p.
 
-    Softmax statistics in float32; returns [B, T, H, d] in the query dtype.
+    Scores and softmax in float32 (queries are rounded to the cache dtype first); returns
+    [B, T, H, d] in float32.
     """
     B, T, H, d = q_BTHd.shape
     S, G = k_BSGd.shape[1], k_BSGd.shape[2]
-    q = q_BTHd.reshape(B, T, G, H // G, d)
+    q = q_BTHd.astype(k_BSGd.dtype).reshape(B, T, G, H // G, d)
     s_BGRTS = jnp.einsum("btgrd,bsgd->bgrts", q, k_BSGd, preferred_element_type=jnp.float32)
     s_BGRTS = s_BGRTS * (1.0 / jnp.sqrt(jnp.float32(d)))
     if kv_pos_BS is None:
@@ -30,7 +31,7 @@ def attention_reference(q_BTHd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array,
     s_BGRTS = jnp.where(mask_BTS[:, None, None], s_BGRTS, -jnp.inf)
     p = jax.nn.softmax(s_BGRTS, axis=-1).astype(v_BSGd.dtype)
     o = jnp.einsum("bgrts,bsgd->btgrd", p, v_BSGd, preferred_element_type=jnp.float32)
-    return o.reshape(B, T, H, d).astype(q_BTHd.dtype)
+    return o.reshape(B, T, H, d)
 
 
 def _use_kernels() -> bool:
@@ -51,7 +52,7 @@ def attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT):
         except ImportError:
             dispatch = None
         if dispatch is not None:
-            out = dispatch.attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT)
+            out = dispatch.attend(q_BTHd.astype(k_BSGd.dtype), k_BSGd, v_BSGd, q_pos_BT)
             if out is not None:
-                return out
+                return out.astype(jnp.float32)
     return attention_reference(q_BTHd, k_BSGd, v_BSGd, q_pos_BT)

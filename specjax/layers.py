@@ -51,12 +51,17 @@ def apply_rope(x_BTNd: jax.Array, cos_BTd: jax.Array, sin_BTd: jax.Array) -> jax
 
 
 def linear(x_BTI: jax.Array, w_OI: jax.Array) -> jax.Array:
-    """``x @ w.T`` for a weight stored ``[out, in]`` (HF/PyTorch layout).
+    """``x @ w.T`` for a weight stored ``[out, in]`` (HF/PyTorch layout), float32 out.
+
+    The operands are in the weight's dtype and the products accumulate in float32, which is also the
+    output dtype: activations stay float32 between matmuls even with bf16 weights, so a forward over
+    K+1 tokens (verify) and over one token (decode) round alike and greedy speculative decoding
+    keeps AR's tokens in bf16 except at true near-ties.
 
     At decode (one row per sequence) XLA turns this product into a reduction over ``in``; with the
     ``[out, in]`` layout that reduction runs over contiguous memory (1.9x faster than ``[in, out]``
     for SmolLM2's matmuls on an H200, benchmarks/NOTES.md)."""
-    return jnp.einsum("...i,oi->...o", x_BTI, w_OI)
+    return jnp.einsum("...i,oi->...o", x_BTI.astype(w_OI.dtype), w_OI, preferred_element_type=jnp.float32)
 
 
 def swiglu(x_BTD: jax.Array, w_gate_up_2FD: jax.Array, w_down_DF: jax.Array) -> jax.Array:

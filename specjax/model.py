@@ -8,7 +8,8 @@ params = {
   "lm_head": [V, D]            # absent when cfg.tie_embeddings
 }
 Weights are stored ``[out, in]`` as in HF checkpoints (``layers.linear``); q/k/v and gate/up are
-stored fused (one matmul each); loaders split/join names.
+stored fused (one matmul each); loaders split/join names. Weights and the KV cache may be bf16; the
+residual stream and every matmul's accumulation and output are float32 (see ``layers.linear``).
 """
 
 from __future__ import annotations
@@ -47,13 +48,14 @@ def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32, scale: floa
 
 
 def embed(params: dict, tokens_BT: jax.Array) -> jax.Array:
-    return jnp.take(params["embed"], tokens_BT, axis=0)
+    """Token embeddings as float32 (the residual stream is float32 whatever the weights' dtype)."""
+    return jnp.take(params["embed"], tokens_BT, axis=0).astype(jnp.float32)
 
 
 def lm_head(params: dict, cfg: ModelConfig, h_BTD: jax.Array) -> jax.Array:
     """Final-normed hidden states -> float32 logits."""
     w_VD = params["embed"] if cfg.tie_embeddings else params["lm_head"]
-    return jnp.einsum("btd,vd->btv", h_BTD, w_VD, preferred_element_type=jnp.float32)
+    return jnp.einsum("btd,vd->btv", h_BTD.astype(w_VD.dtype), w_VD, preferred_element_type=jnp.float32)
 
 
 def attention_block(lp: dict, cfg: ModelConfig, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B):
