@@ -82,7 +82,7 @@ def save(res: dict, args) -> None:
             if "subset_tokens_per_s" in r) + "\n"
     if "batch_rows" in res:
         md += "\n" + common.md_table(res["batch_rows"], ["B", "method", "K", "tokens_per_s", "speedup_vs_ar"])
-    common.write_results(f"spec_{args.dataset}_{res['device']}_{res['date']}", res, md)
+    common.write_results(f"spec_{args.dataset}_{res['device']}_{res['date']}{args.tag}", res, md)
 
 
 def main():
@@ -96,6 +96,7 @@ def main():
     ap.add_argument("--limit", type=int, default=0, help="first N prompts only (0 = all)")
     ap.add_argument("--batches", default="", help="e.g. 1,8,32: batch throughput for each method")
     ap.add_argument("--batch-methods", default="ar,ngram:4", help="methods for the batch sweep (AR first)")
+    ap.add_argument("--tag", default="", help="suffix for the results file name")
     ap.add_argument("--hf", type=int, default=0, help="also run HF transformers greedy and prompt lookup on the "
                                                       "first N prompts (same budget, EOS on)")
     args = ap.parse_args()
@@ -145,7 +146,7 @@ def main():
             row["subset_tokens_per_s"] = sum(toks) / sum(secs)
         res["subset_note"] = f"hf_rows and subset_tokens_per_s use the first {args.hf} prompts"
     save(res, args)
-    print((common.RESULTS / f"spec_{args.dataset}_{res['device']}_{res['date']}.md").read_text())
+    print((common.RESULTS / f"spec_{args.dataset}_{res['device']}_{res['date']}{args.tag}.md").read_text())
 
 
 if __name__ == "__main__":
