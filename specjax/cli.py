@@ -106,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ngram-max", type=int, default=3)
     g.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
     g.set_defaults(func=cmd_generate)
+
+    from training.cli import add_arguments, train_main  # training imports specjax, never the reverse
+    t = sub.add_parser("train", help="train an EAGLE-3 / Medusa head or a distilled draft model")
+    add_arguments(t)
+    t.set_defaults(func=train_main)
     return p
 
 

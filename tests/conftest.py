@@ -1,4 +1,5 @@
-"""Markers: `gpu` tests skip (with the reason shown) unless a Hopper GPU is visible."""
+"""Markers: `gpu` tests skip (with the reason shown) unless a Hopper GPU is visible; `slow` tests
+run only when asked for with `-m slow`."""
 
 import os
 
@@ -17,9 +18,11 @@ def _hopper() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    if _hopper():
-        return
-    skip = pytest.mark.skip(reason=f"needs a Hopper GPU; this host runs JAX on {jax.devices()[0].platform}")
+    slow = pytest.mark.skip(reason="slow test: run with `pytest -m slow`")
+    gpu = pytest.mark.skip(reason=f"needs a Hopper GPU; this host runs JAX on {jax.devices()[0].platform}")
+    hopper, asked = _hopper(), config.getoption("-m") or ""
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "slow" in item.keywords and "slow" not in asked:
+            item.add_marker(slow)
+        if "gpu" in item.keywords and not hopper:
+            item.add_marker(gpu)
