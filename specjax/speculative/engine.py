@@ -18,7 +18,7 @@ import numpy as np
 
 from specjax import metrics
 from specjax.config import ModelConfig
-from specjax.generate import bucket, pad_prompts, validate_request
+from specjax.generate import GenerateResult, bucket, pad_prompts, validate_request
 from specjax.sampling import SamplingParams
 from specjax.speculative import drafters, loop
 
@@ -26,22 +26,11 @@ MAX_NUM_DRAFT = 32
 
 
 @dataclasses.dataclass(frozen=True)
-class SpecResult:
-    prompt_ids: list[list[int]]
-    output_ids: list[list[int]]  # generated tokens only, EOS included if produced
-    seconds: float  # wall time of prefill + decode, compilation excluded
-    ttft_s: float  # prefill + first token
-    method: str
-    stats: metrics.SpecStats
-    compile_seconds: float = 0.0  # lowering + compilation (near 0 when cached)
-
-    @property
-    def new_tokens(self) -> list[int]:
-        return [len(o) for o in self.output_ids]
-
-    @property
-    def tokens_per_s(self) -> float:
-        return sum(self.new_tokens) / max(self.seconds, 1e-9)
+class SpecResult(GenerateResult):
+    """``GenerateResult`` plus the speculative statistics."""
+    ttft_s: float = 0.0  # prefill + first token
+    method: str = ""
+    stats: metrics.SpecStats | None = None
 
     def metrics(self) -> dict:
         """JSON-ready: mean_accepted, acceptance_per_position, num_cycles, draft_acceptance_rate,
