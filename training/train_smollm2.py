@@ -8,6 +8,13 @@ Stages: self-distillation corpus (``make_corpus``) -> EAGLE-3 -> Medusa -> draft
 checkpointed with Orbax under ``OUT/ckpt``, so a rerun resumes) -> export to ``OUT/export`` (and
 with ``--ship`` to ``specjax/shipped/smollm2-135m-instruct``) -> tau on held-out MT-bench/HumanEval
 through the real speculative loop -> ``CARD.md`` per artifact and ``OUT/results.json``.
+
+On the lent GPU machine (64 MiB carried per call, the GGUF is 98 MB): split it locally
+(``split -b 48M ~/.cache/specjax/models/smollm2-135m-instruct.gguf .carry/a/gguf.part-`` and copy
+``~/.cache/specjax/data/*.jsonl`` beside it); call 1 copies ``gguf.part-aa`` and the jsonl files to
+``~/.cache/specjax/{models,data}``; call 2, within the 30 s the machine stays warm, carries
+``gguf.part-ab`` plus the gguf wheel, concatenates, and runs this script with ``--bundle $OUT``;
+locally ``cat shipped.tar.part* | tar x -C specjax/shipped/smollm2-135m-instruct/``.
 """
 
 from __future__ import annotations
