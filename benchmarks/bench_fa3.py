@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jax.experimental.mosaic.gpu import profiler
 
 from pallas_kernels.flash_attention import default_config, flash_attention_fwd, key_end
+from specjax.files import atomic_write_text
 
 
 def _mgpu(causal: bool, hd: int):
@@ -116,10 +117,7 @@ def _write(rows, dev, out_dir, command, quiet=False) -> None:
     for path, text in ((base + ".json", json.dumps(doc, indent=1)),
                        (base + ".md", f"{dev.device_kind}, jax {jax.__version__}, {date}, TFLOPS\n\n"
                         + "\n".join(md) + "\n")):
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        atomic_write_text(path, text)
     if not quiet:
         print("\n".join(md))
 

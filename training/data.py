@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from specjax.errors import CheckpointError
-from specjax.heads.files import atomic_write, atomic_write_text
+from specjax.files import atomic_write, atomic_write_text
 
 FORMAT = "specjax-token-shards/1"
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from specjax.config import ModelConfig
-from specjax.heads.files import atomic_write_text
+from specjax.files import atomic_write_text
 from specjax.tokenizer import Tokenizer
 from training import corpus, data, decontam
 

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from specjax import assets
 from specjax.errors import AssetsMissing
 from specjax.heads import draft_io, eagle3_io, medusa_io, shipped
-from specjax.heads.files import atomic_write_text
+from specjax.files import atomic_write_text
 from specjax.speculative.drafters.draft_model import DraftModel
 from specjax.speculative.drafters.eagle3 import Eagle3
 from specjax.speculative.drafters.medusa import Medusa

@@ -22,7 +22,7 @@ from specjax.config import ModelConfig
 from specjax.errors import CheckpointError
 from specjax.loading import export_hf, load_model, namemap
 from specjax.loading.build import build_params, split_params
-from specjax.heads.files import atomic_write, atomic_write_text
+from specjax.files import atomic_write, atomic_write_text
 from specjax.loading.export_hf import hf_config
 from specjax.loading.hf import SINGLE, config_from_hf
 

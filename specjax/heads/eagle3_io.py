@@ -24,7 +24,7 @@ from safetensors.numpy import save_file
 from specjax.config import ModelConfig
 from specjax.errors import CheckpointError
 from specjax.heads.eagle3 import Eagle3Config
-from specjax.heads.files import atomic_write, atomic_write_text
+from specjax.files import atomic_write, atomic_write_text
 from specjax.loading.export_hf import hf_config
 from specjax.loading.hf import config_from_hf
 

@@ -26,7 +26,7 @@ from safetensors.numpy import save_file
 from specjax.config import ModelConfig
 from specjax.errors import CheckpointError
 from specjax.heads.medusa import MedusaConfig
-from specjax.heads.files import atomic_write, atomic_write_text
+from specjax.files import atomic_write, atomic_write_text
 
 WEIGHTS = "medusa_lm_head.safetensors"
 

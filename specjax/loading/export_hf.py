@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save_file
 
 from specjax.config import ModelConfig
+from specjax.files import atomic_write, atomic_write_text
 from specjax.loading import namemap
 from specjax.loading.build import split_params
 from specjax.loading.hf import INDEX, SINGLE
@@ -45,17 +45,6 @@ def hf_config(cfg: ModelConfig, dtype_name: str = "float32") -> dict:
     return out
 
 
-def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def export_hf(params: dict, cfg: ModelConfig, folder: str | os.PathLike) -> Path:
     """Write ``params`` as an HF checkpoint folder that ``load_hf`` and transformers can read."""
     folder = Path(folder)
@@ -63,8 +52,8 @@ def export_hf(params: dict, cfg: ModelConfig, folder: str | os.PathLike) -> Path
     tensors = split_params(namemap.plan("hf", cfg), params, cfg)
     tensors = {name: np.ascontiguousarray(w) for name, w in tensors.items()}
     dtype_name = str(np.asarray(params["embed"]).dtype)
-    _atomic_write(folder / SINGLE, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    atomic_write(folder / SINGLE, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
     text = json.dumps(hf_config(cfg, dtype_name), indent=2) + "\n"
-    _atomic_write(folder / "config.json", lambda tmp: Path(tmp).write_text(text))
+    atomic_write_text(folder / "config.json", text)
     (folder / INDEX).unlink(missing_ok=True)  # a stale shard index would shadow the new file
     return folder

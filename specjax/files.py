@@ -1,4 +1,5 @@
-"""Atomic file writes for exported heads: temp file in the same folder, then ``os.replace``.
+"""Atomic file writes (checkpoints, exports, assets, results): a temp file in the same folder, then
+``os.replace``, so a reader never sees a half-written file.
 
 Files end up world-readable (0644): ``mkstemp`` creates 0600 files, which would ship unreadable.
 """
@@ -14,6 +15,7 @@ from typing import Callable
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """``write(tmp_path)`` fills a temp file beside ``path``, which then replaces ``path``."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
