@@ -60,8 +60,9 @@ class DecodeState:
     key: jax.Array
 
 
-def _is_eos(tok_B, eos_ids: tuple[int, ...]):
-    return functools.reduce(jnp.logical_or, [tok_B == e for e in eos_ids], jnp.zeros_like(tok_B, bool))
+def is_eos(tok: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
+    """Which tokens end their sequence (any shape; no EOS ids -> never)."""
+    return jnp.isin(tok, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else jnp.zeros(tok.shape, bool)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "capacity", "eos_ids"))
@@ -75,7 +76,7 @@ def _generate(params, tokens_BT, prompt_len_B, max_new, sp: SamplingParams, key,
     tok_B = sample(sub, logits_BNV[:, 0], sp)
     out_BM = jnp.zeros((B, capacity), jnp.int32).at[:, 0].set(tok_B)
     state = DecodeState(step=jnp.int32(1), last_B=tok_B, out_BM=out_BM, n_gen_B=jnp.ones((B,), jnp.int32),
-                        done_B=_is_eos(tok_B, eos_ids) | (max_new <= 1), cache=cache, key=key)
+                        done_B=is_eos(tok_B, eos_ids) | (max_new <= 1), cache=cache, key=key)
 
     def cond(s: DecodeState):
         return (s.step < max_new) & ~jnp.all(s.done_B)
@@ -87,7 +88,7 @@ def _generate(params, tokens_BT, prompt_len_B, max_new, sp: SamplingParams, key,
         live = ~s.done_B
         out_BM = s.out_BM.at[jnp.arange(B), s.n_gen_B].set(jnp.where(live, tok_B, 0))
         n_gen_B = s.n_gen_B + live.astype(jnp.int32)
-        done_B = s.done_B | (live & _is_eos(tok_B, eos_ids)) | (n_gen_B >= max_new)
+        done_B = s.done_B | (live & is_eos(tok_B, eos_ids)) | (n_gen_B >= max_new)
         cache = kv.set_lengths(cache, jnp.where(live, cache.lengths_B, s.cache.lengths_B))
         return DecodeState(step=s.step + 1, last_B=tok_B, out_BM=out_BM, n_gen_B=n_gen_B, done_B=done_B,
                            cache=cache, key=key)

@@ -19,6 +19,7 @@ import numpy as np
 from specjax import cache as kv
 from specjax import model
 from specjax.config import ModelConfig
+from specjax.generate import is_eos
 from specjax.sampling import SamplingParams, sample
 from specjax.speculative import verify
 from specjax.speculative.drafters.base import Context, Drafter, Prefill, Verified
@@ -38,10 +39,6 @@ class SpecState:
     key: jax.Array  # base key; cycle c uses fold_in(key, c)
     cycles_B: jax.Array  # int32: cycles each sequence was live in
     accepted_BK: jax.Array  # int32: per sequence, cycles in which draft position i was accepted
-
-
-def is_eos(tok: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
-    return jnp.isin(tok, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else jnp.zeros(tok.shape, bool)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "drafter", "capacity", "num_draft", "eos_ids"))
