@@ -40,6 +40,18 @@ def validate_request(cfg: ModelConfig, prompts: list[list[int]], max_new_tokens:
             raise ValueError(f"prompt {i} has token ids outside [0, {cfg.vocab_size})")
 
 
+def bucket_shapes(prompts: list[list[int]], max_new_tokens: int, pad_to: int = 0, reserve: int = 0) -> tuple[int, int]:
+    """(prompt width, cache capacity), both bucketed so that nearby requests share a compilation.
+
+    The cache must hold the longest prompt, ``max_new_tokens`` and ``reserve`` more slots (a
+    speculative verify writes K+1 slots past the last emitted token); with ``pad_to`` the capacity
+    depends on the padded width only, so a sweep over prompts compiles once."""
+    longest = max(len(p) for p in prompts)
+    width = bucket(max(pad_to, longest))
+    need = width + max_new_tokens + reserve if pad_to else max(width, longest + max_new_tokens + reserve)
+    return width, bucket(need, 256)
+
+
 def pad_prompts(prompts: list[list[int]], width: int) -> tuple[np.ndarray, np.ndarray]:
     """Right-pad to [B, width] (pad id 0; padded slots are never attended)."""
     toks = np.zeros((len(prompts), width), np.int32)
@@ -123,9 +135,7 @@ def generate(params, cfg: ModelConfig, prompts: list[list[int]], *, max_new_toke
     validate_request(cfg, prompts, max_new_tokens)
     sp = SamplingParams.make(temperature, top_k, top_p)
     eos = tuple(cfg.eos_token_ids if eos_token_ids is None else eos_token_ids)
-    width = bucket(max(pad_to, max(len(p) for p in prompts)))
-    need = width + max_new_tokens if pad_to else max(width, max(len(p) for p in prompts) + max_new_tokens)
-    capacity = bucket(need, 256)
+    width, capacity = bucket_shapes(prompts, max_new_tokens, pad_to)
     toks, lens = pad_prompts(prompts, width)
     args = (params, jnp.asarray(toks), jnp.asarray(lens), jnp.int32(max_new_tokens), sp, jax.random.key(seed))
     t0 = time.perf_counter()

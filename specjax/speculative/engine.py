@@ -18,7 +18,7 @@ import numpy as np
 
 from specjax import metrics
 from specjax.config import ModelConfig
-from specjax.generate import GenerateResult, bucket, pad_prompts, validate_request
+from specjax.generate import GenerateResult, bucket_shapes, pad_prompts, validate_request
 from specjax.sampling import SamplingParams
 from specjax.speculative import drafters, loop
 
@@ -67,9 +67,8 @@ def speculative_generate(params: dict, cfg: ModelConfig, prompts: list[list[int]
     eos = tuple(cfg.eos_token_ids if eos_token_ids is None else eos_token_ids)
     longest = max(len(p) for p in prompts)
     need = longest + max_new_tokens + K + 1  # verify writes K+1 slots past the last emitted token
-    width = bucket(max(pad_to, longest))
-    if capacity is None:
-        capacity = bucket(width + max_new_tokens + K + 1 if pad_to else max(width, need), 256)
+    width, default_capacity = bucket_shapes(prompts, max_new_tokens, pad_to, reserve=K + 1)
+    capacity = default_capacity if capacity is None else capacity
     if capacity < max(width, need):  # dynamic_update_slice would clamp silently: refuse instead
         raise ValueError(f"cache capacity {capacity} is too small: need at least {max(width, need)} slots (padded "
                          f"prompt width {width}; longest prompt {longest} + max_new_tokens {max_new_tokens} + K+1)")
