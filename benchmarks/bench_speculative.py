@@ -13,7 +13,6 @@ Writes benchmarks/results/spec_<dataset>_<device>_<date>.{json,md}.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 
 import jax.numpy as jnp
@@ -27,15 +26,16 @@ from specjax.speculative import engine
 PAD = 512
 
 
-def run_method(params, cfg, prompts, method: str, k: int, max_new: int, layerskip: int | None):
-    kw = dict(max_new_tokens=max_new)
+def method_call(params, cfg, method: str, k: int, max_new: int, layerskip: int | None):
+    """prompts -> result for one method, prompts padded to PAD (one compilation per method and batch)."""
     if method == "ar":
-        call = lambda ps: generate(params, cfg, ps, pad_to=PAD, **kw)  # noqa: E731
-    else:
-        if "pad_to" in inspect.signature(engine.speculative_generate).parameters:
-            kw["pad_to"] = PAD
-        call = lambda ps: engine.run(params, cfg, ps, method=method, num_draft=k,  # noqa: E731
-                                     layerskip_layers=layerskip, **kw)
+        return lambda ps: generate(params, cfg, ps, max_new_tokens=max_new, pad_to=PAD)
+    return lambda ps: engine.run(params, cfg, ps, method=method, num_draft=k, max_new_tokens=max_new,
+                                 layerskip_layers=layerskip, pad_to=PAD)
+
+
+def run_method(params, cfg, prompts, method: str, k: int, max_new: int, layerskip: int | None):
+    call = method_call(params, cfg, method, k, max_new, layerskip)
     call(prompts[:1])  # warm-up: compile once
     return [call([p]) for p in prompts]
 
@@ -59,13 +59,9 @@ def summarize(results, ar_outputs=None) -> dict:
 
 def batch_throughput(params, cfg, prompts, method, k, max_new, layerskip, batch):
     ps = (prompts * ((batch + len(prompts) - 1) // len(prompts)))[:batch]
-    if method == "ar":
-        call = lambda: generate(params, cfg, ps, max_new_tokens=max_new, pad_to=PAD)  # noqa: E731
-    else:
-        call = lambda: engine.run(params, cfg, ps, method=method, num_draft=k, max_new_tokens=max_new,  # noqa: E731
-                                  layerskip_layers=layerskip, pad_to=PAD)
-    call()
-    r = call()
+    call = method_call(params, cfg, method, k, max_new, layerskip)
+    call(ps)  # warm-up: compile once
+    r = call(ps)
     return sum(r.new_tokens) / r.seconds
 
 
