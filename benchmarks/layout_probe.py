@@ -37,6 +37,7 @@ def step(params, x, layout):
 
 
 def main():
+    res, rows = common.header(), []
     for batch in (1, 8):
         for layout in ("in_out", "out_in"):
             params = make(layout)
@@ -44,7 +45,13 @@ def main():
             x = jax.random.normal(jax.random.key(1), (batch, D), jnp.bfloat16)
             lo = common.median_seconds(lambda: run(params, x, 64))
             hi = common.median_seconds(lambda: run(params, x, 320))
-            print(f"B={batch} {layout}: {1000 * (hi - lo) / 256:.3f} ms/step (matmul part only)", flush=True)
+            rows.append({"B": batch, "layout": layout, "ms_per_step": 1000 * (hi - lo) / 256})
+            print(f"B={batch} {layout}: {rows[-1]['ms_per_step']:.3f} ms/step (matmul part only)", flush=True)
+    res["rows"] = rows
+    md = (f"# Weight layout probe, {res['device_kind']}, jax {res['jax']}, {res['date']}\n\n"
+          "30 SmolLM2-shaped layers, matmul part of a decode step only\n\n"
+          + common.md_table(rows, ["B", "layout", "ms_per_step"]))
+    common.write_results(f"layout_probe_{res['device']}_{res['date']}", res, md)
 
 
 if __name__ == "__main__":

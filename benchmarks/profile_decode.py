@@ -15,6 +15,7 @@ import gzip
 import json
 import os
 import tempfile
+import time
 
 import jax
 import jax.numpy as jnp
@@ -48,7 +49,9 @@ def main():
         agg[e["name"]][0] += 1
         agg[e["name"]][1] += e.get("dur", 0.0)
     steps = args.steps
-    lines = [f"{args.model} B={args.batch}: {r.seconds * 1e3 / steps:.3f} ms/step wall (incl. prefill), "
+    lines = [f"{jax.devices()[0].device_kind}, jax {jax.__version__}, {time.strftime('%Y-%m-%d')}, "
+             f"python benchmarks/profile_decode.py --model {args.model} --batch {args.batch} --steps {args.steps}",
+             f"{args.model} B={args.batch}: {r.seconds * 1e3 / steps:.3f} ms/step wall (incl. prefill), "
              f"{len(gpu) / steps:.1f} GPU events/step, {sum(v[1] for v in agg.values()) / steps:.1f} us busy/step",
              f"processes: {sorted(set(pids.values()))}"]
     for name, (n, dur) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:40]:
