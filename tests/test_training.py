@@ -7,6 +7,7 @@ import functools
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -196,6 +197,19 @@ def test_corpus_prompts_come_from_the_template_and_the_stdlib():
     for p in code:
         src = p.split("```python\n", 1)[1].rsplit("```", 1)[0]
         compile(src, "<stub>", "exec")  # a valid signature + docstring stub
+    raw = corpus.code_completions(5, seed=0)
+    assert len(set(raw)) == 5 and all(r.endswith('"""\n') for r in raw)
+    for r in raw:  # plain text a model continues: indented like hand-written code, and valid Python
+        compile(r, "<stub>", "exec")
+        assert re.search(r'^( *)def .*\n\1    """', r, re.M), r  # docstring one level below its def
+
+
+def test_templated_instructions_are_distinct_reproducible_and_varied():
+    from training import instructions
+    a = instructions.instructions(500, seed=1)
+    assert a == instructions.instructions(500, seed=1) and len(set(a)) == 500
+    assert a != instructions.instructions(500, seed=2)
+    assert len({t.split()[0] for t in a}) >= 15  # many request kinds, not one template
 
 
 def test_train_smollm2_script_runs_end_to_end_on_a_tiny_target(tmp_path):

@@ -84,7 +84,8 @@ def bundle(export: Path, kinds: list[str], dest: Path, part_bytes: int = 15_000_
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for kind in kinds:
-            tar.add(export / kind, arcname=kind)
+            if (export / kind / "config.json").is_file():  # a stage skipped by --time-budget has none yet
+                tar.add(export / kind, arcname=kind)
         results = export.parent / "results.json"
         if results.is_file():
             tar.add(results, arcname="results.json")

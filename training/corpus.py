@@ -4,7 +4,11 @@
   (e.g. ``<|im_start|>system...<|im_end|>\\n<|im_start|>user\\n``) and samples the query.
 * Code prompts cut from the local Python standard library: the signature + docstring of public
   top-level functions (``ast``), wrapped in a short instruction.
-* Responses: the target answers every prompt through its chat template, greedily and at T=0.7.
+* Raw code completions: the same stubs as plain text (no chat template), the way HumanEval is
+  usually prompted, which the target continues.
+* Templated instructions across request kinds (``training/instructions.py``).
+* Responses: the target answers every prompt through its chat template (raw stubs: continues
+  them), greedily and at T=0.7.
 """
 
 from __future__ import annotations
@@ -61,23 +65,35 @@ def magpie_prompts(params, cfg: ModelConfig, tok: Tokenizer, n: int, *, max_new_
     return out
 
 
-def _stub(node: ast.FunctionDef | ast.AsyncFunctionDef, doc: str) -> ast.FunctionDef:
-    return ast.FunctionDef(name=node.name, args=node.args, body=[ast.Expr(ast.Constant(doc))], decorator_list=[],
-                           returns=node.returns, type_params=[])
+def _signature(node) -> str:
+    """``def name(args) -> ret:`` (or ``class Name(bases):``) without the body."""
+    bare = (ast.ClassDef(name=node.name, bases=node.bases, keywords=node.keywords, body=[ast.Pass()], decorator_list=[],
+                         type_params=[]) if isinstance(node, ast.ClassDef) else
+            ast.FunctionDef(name=node.name, args=node.args, body=[ast.Pass()], decorator_list=[], returns=node.returns,
+                            type_params=[]))
+    return ast.unparse(ast.fix_missing_locations(bare)).split("\n")[0]
+
+
+def _stub(node, doc: str, indent: str = "") -> str:
+    """The signature and an indented docstring, as a person would write them (no body)."""
+    pad = indent + "    "
+    lines = doc.splitlines()
+    body = lines[0] if len(lines) == 1 else "\n".join([lines[0]] + [pad + x if x else "" for x in lines[1:]] + [pad])
+    return f'{indent}{_signature(node)}\n{pad}"""{body}"""'
 
 
 def _documented(body: list, max_doc_chars: int):
     for node in body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
             doc = ast.get_docstring(node, clean=True)
-            if doc and len(doc) <= max_doc_chars:
+            if doc and len(doc) <= max_doc_chars and '"""' not in doc and "\\" not in doc:
                 yield node, doc
 
 
 @functools.lru_cache(maxsize=4)
 def stdlib_functions(root: str | None = None, max_doc_chars: int = 800) -> tuple[str, ...]:
-    """Signature + docstring of every public documented function and method (inside a stub of its
-    class) in the standard library's sources, skipping tests and GUI/demo packages."""
+    """Signature + docstring of every public documented function and method (under its class's
+    signature) in the standard library's sources, skipping tests and GUI/demo packages."""
     root = Path(root or sysconfig.get_paths()["stdlib"])
     out = []
     for path in sorted(root.rglob("*.py")):
@@ -87,13 +103,10 @@ def stdlib_functions(root: str | None = None, max_doc_chars: int = 800) -> tuple
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
-        out += [ast.unparse(ast.fix_missing_locations(_stub(n, d))) for n, d in _documented(tree.body, max_doc_chars)]
+        out += [_stub(n, d) for n, d in _documented(tree.body, max_doc_chars)]
         for cls in tree.body:
             if isinstance(cls, ast.ClassDef) and not cls.name.startswith("_"):
-                for n, d in _documented(cls.body, max_doc_chars):
-                    stub = ast.ClassDef(name=cls.name, bases=cls.bases, keywords=[], body=[_stub(n, d)],
-                                        decorator_list=[], type_params=[])
-                    out.append(ast.unparse(ast.fix_missing_locations(stub)))
+                out += [f"{_signature(cls)}\n\n{_stub(n, d, '    ')}" for n, d in _documented(cls.body, max_doc_chars)]
     return tuple(out)
 
 
@@ -105,14 +118,23 @@ def code_prompts(n: int, seed: int = 0, root: str | None = None) -> list[str]:
     return [f"{rng.choice(_CODE_ASKS)}\n\n```python\n{f}\n```" for f in funcs[:n]]
 
 
+def code_completions(n: int, seed: int = 0, root: str | None = None) -> list[str]:
+    """``n`` raw stubs (signature + docstring, then a newline) for plain continuation, no chat template."""
+    funcs = list(stdlib_functions(root))
+    random.Random(seed + 1).shuffle(funcs)  # another order than code_prompts, so other functions come first
+    return [f + "\n" for f in funcs[:n]]
+
+
 def chat_ids(tok: Tokenizer, prompt: str) -> list[int]:
     return tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
 
 
 def respond(params, cfg: ModelConfig, tok: Tokenizer, prompts: list[str], *, temperature: float, max_new_tokens: int,
-            max_prompt_tokens: int, batch_size: int = 256, seed: int = 0) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, response ids) for every prompt (too-long prompts are skipped); EOS kept if produced."""
-    ids = [chat_ids(tok, p) for p in prompts]
+            max_prompt_tokens: int, batch_size: int = 256, seed: int = 0,
+            chat: bool = True) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, response ids) for every prompt (too-long prompts are skipped); EOS kept if produced.
+    ``chat=False`` continues the prompts as plain text."""
+    ids = [chat_ids(tok, p) if chat else tok.encode(p) for p in prompts]
     ids = sorted((x for x in ids if len(x) <= max_prompt_tokens), key=len)  # similar lengths batch well
     out = []
     for b, chunk in enumerate(_batches(ids, batch_size)):

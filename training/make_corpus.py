@@ -11,13 +11,15 @@ from pathlib import Path
 from specjax.config import ModelConfig
 from specjax.files import atomic_write_text
 from specjax.tokenizer import Tokenizer
-from training import corpus, data, decontam
+from training import corpus, data, decontam, instructions
 
 
 @dataclasses.dataclass(frozen=True)
 class CorpusSpec:
     n_chat: int = 2048  # Magpie-style chat prompts
-    n_code: int = 1024  # stdlib signature + docstring prompts
+    n_code: int = 1024  # stdlib signature + docstring prompts (chat)
+    n_templated: int = 0  # templated instructions (training/instructions.py)
+    n_code_raw: int = 0  # stdlib stubs continued as plain text (no chat template)
     temperatures: tuple[float, ...] = (0.0, 0.7)  # one response per prompt per temperature
     max_new_tokens: int = 256
     max_prompt_tokens: int = 256
@@ -48,29 +50,36 @@ def build_corpus(tp: dict, cfg: ModelConfig, tok: Tokenizer, spec: CorpusSpec, f
     chat = corpus.magpie_prompts(tp, cfg, tok, spec.n_chat, max_new_tokens=spec.magpie_max_new,
                                  batch_size=spec.gen_batch, seed=spec.seed)
     code = corpus.code_prompts(spec.n_code, seed=spec.seed)
-    log(f"corpus: {len(chat)} chat + {len(code)} code prompts in {time.perf_counter() - t0:.0f}s")
+    templated = instructions.instructions(spec.n_templated, seed=spec.seed)
+    raw = corpus.code_completions(spec.n_code_raw, seed=spec.seed)
+    log(f"corpus: {len(chat)} Magpie + {len(templated)} templated + {len(code)} code chat prompts, {len(raw)} raw code "
+        f"stubs in {time.perf_counter() - t0:.0f}s")
     index = decontam.OverlapIndex(eval_texts or [])
-    prompts = chat + code
-    kept, dropped_prompts = decontam.filter_overlap(prompts, index)
-    prompts = [prompts[i] for i in kept]
+    prompts, dropped_prompts = {}, []
+    for name, texts in (("chat", chat + templated + code), ("raw", raw)):
+        kept, dropped = decontam.filter_overlap(texts, index)
+        prompts[name], dropped_prompts = [texts[i] for i in kept], dropped_prompts + dropped
     examples = []
     for i, temperature in enumerate(spec.temperatures):
-        examples += corpus.respond(tp, cfg, tok, prompts, temperature=temperature, max_new_tokens=spec.max_new_tokens,
-                                   max_prompt_tokens=spec.max_prompt_tokens, batch_size=spec.gen_batch,
-                                   seed=spec.seed + 1000 * (i + 1))
+        for name, ps in prompts.items():
+            examples += corpus.respond(tp, cfg, tok, ps, temperature=temperature, max_new_tokens=spec.max_new_tokens,
+                                       max_prompt_tokens=spec.max_prompt_tokens, batch_size=spec.gen_batch,
+                                       seed=spec.seed + 1000 * (i + 1) + (name == "raw") * 500, chat=name == "chat")
     texts = [tok.decode(p + r) for p, r in examples]
     kept, dropped_examples = decontam.filter_overlap(texts, index)
     examples = [examples[i] for i in kept]
     decontam.assert_no_overlap([texts[i] for i in kept], index)
     ds = data.pack_examples(examples, spec.seq_len)
     meta = {"spec": spec.to_json(), "num_chat_prompts": len(chat), "num_code_prompts": len(code),
+            "num_templated_prompts": len(templated), "num_raw_code_prompts": len(raw),
             "num_examples": len(examples), "response_tokens": int(ds.weight_NT.sum()),
             "eval_overlap": {"checked": eval_texts is not None, "method": f"{index.n}-word overlap",
                              "num_eval_texts": len(eval_texts or []), "dropped_prompts": len(dropped_prompts),
                              "dropped_examples": len(dropped_examples)},
             "seconds": round(time.perf_counter() - t0, 1)}
     folder.mkdir(parents=True, exist_ok=True)
-    rows = [{"kind": "chat", "prompt": p} for p in chat] + [{"kind": "code", "prompt": p} for p in code]
+    rows = [{"kind": kind, "prompt": p} for kind, ps in (("chat", chat), ("templated", templated), ("code", code),
+                                                          ("code-raw", raw)) for p in ps]
     atomic_write_text(folder / "prompts.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     data.write_shards(folder, ds, meta=meta)
     log(f"corpus: {len(examples)} examples, {meta['response_tokens']} response tokens in {meta['seconds']}s")

@@ -24,7 +24,7 @@ class Preset:
     eval_humaneval: int = 80
     eval_max_prompt: int = 512
     eval_max_new: int = 128
-    num_draft: int = 4
+    num_draft: int = 4  # K of the tau check (Medusa: at most its head count)
 
 
 def _tc(steps, batch, lr, warmup, dtype, log_every=25, ckpt_every=500, clip=0.5, max_seconds=None):
@@ -33,19 +33,21 @@ def _tc(steps, batch, lr, warmup, dtype, log_every=25, ckpt_every=500, clip=0.5,
 
 
 PRESETS = {
-    # One H100: corpus ~1.5 min, EAGLE-3 <= 3 min, Medusa <= 1.2 min, draft <= 1.2 min, tau ~1 min (estimates;
-    # the wall-clock caps stop a stage early, with a checkpoint, so the run ends inside one 10-minute call).
+    # One Hopper GPU, two 10-minute device calls with --time-budget: corpus + EAGLE-3 in the first, the rest of
+    # EAGLE-3, Medusa and the draft model in the second (a stage cut by its cap resumes from its checkpoint).
     "h100": Preset(
         target="smollm2", dtype="bfloat16",
-        corpus=CorpusSpec(n_chat=2048, n_code=1024, temperatures=(0.0, 0.7), max_new_tokens=256,
-                          max_prompt_tokens=256, seq_len=512, gen_batch=512),
-        eagle3=_tc(1500, 32, 8e-4, 60, "bfloat16", max_seconds=180),
-        medusa=_tc(600, 32, 1e-3, 30, "bfloat16", max_seconds=70),
-        draft=_tc(1000, 32, 5e-4, 50, "bfloat16", max_seconds=70)),
+        corpus=CorpusSpec(n_chat=3072, n_code=2048, n_templated=4096, n_code_raw=2048, temperatures=(0.0, 0.7),
+                          max_new_tokens=256, max_prompt_tokens=256, seq_len=512, gen_batch=1024),
+        eagle3=_tc(4000, 32, 8e-4, 150, "bfloat16", max_seconds=420),
+        medusa=_tc(2000, 32, 1e-3, 80, "bfloat16", max_seconds=150),
+        draft=_tc(3000, 32, 5e-4, 120, "bfloat16", max_seconds=150),
+        eval_max_new=128, num_draft=7),
     # The real target on CPU with tiny settings: the same code path, minutes.
     "cpu-smollm2": Preset(
         target="smollm2", dtype="float32",
-        corpus=CorpusSpec(n_chat=6, n_code=6, temperatures=(0.0, 0.7), max_new_tokens=24, max_prompt_tokens=160,
+        corpus=CorpusSpec(n_chat=4, n_code=4, n_templated=4, n_code_raw=4, temperatures=(0.0, 0.7), max_new_tokens=24,
+                          max_prompt_tokens=160,
                           seq_len=192, gen_batch=8, magpie_max_new=48),
         eagle3=_tc(4, 2, 1e-3, 1, "float32", log_every=1, ckpt_every=2),
         medusa=_tc(4, 2, 1e-3, 1, "float32", log_every=1, ckpt_every=2),

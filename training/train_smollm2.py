@@ -83,12 +83,15 @@ def eval_sets(preset: Preset, tok, cfg) -> tuple[dict, str]:
         return {"builtin": chat}, "builtin (assets not fetched)"
 
 
-def train_and_export(kind: str, preset: Preset, tp: dict, cfg, ds, out: Path):
+def train_and_export(kind: str, preset: Preset, tp: dict, cfg, ds, out: Path, seconds_left: float | None = None):
     """Train one artifact, write it (bf16) to ``out/export/<kind>`` and load it back from there in the
-    target's dtype, so tau is measured on the files. -> (drafter, draft_params, TrainResult, TrainConfig)."""
+    target's dtype, so tau is measured on the files. -> (drafter, draft_params, TrainResult, TrainConfig).
+    ``seconds_left`` tightens the stage's wall-clock cap (it stops with a checkpoint; a rerun resumes)."""
     folder, dtype, bf16 = out / "export" / kind, tp["embed"].dtype, lambda t: jax.tree.map(
         lambda x: x.astype(jnp.bfloat16), t)
     tc = dataclasses.replace(getattr(preset, kind.split("-")[0]), ckpt_dir=str(out / "ckpt" / kind))
+    if seconds_left is not None:
+        tc = dataclasses.replace(tc, max_seconds=min(tc.max_seconds or seconds_left, seconds_left))
     if kind == "eagle3":
         ecfg, params, ids, res = recipes.train_eagle3(tp, cfg, ds, tc, draft_vocab_size=preset.draft_vocab,
                                                       ttt_steps=preset.ttt_steps)
@@ -106,7 +109,11 @@ def train_and_export(kind: str, preset: Preset, tp: dict, cfg, ds, out: Path):
     return DraftModel(dcfg), draft_io.load_draft_model(folder, tp, dtype)[1], res, tc
 
 
-def run(preset: Preset, out: Path, *, ship: bool, model_path: str | None = None, only=SHIPPED_KINDS):
+EVAL_RESERVE_S = 75  # export + tau check of one stage, kept free inside --time-budget
+
+
+def run(preset: Preset, out: Path, *, ship: bool, model_path: str | None = None, only=SHIPPED_KINDS,
+        time_budget: float | None = None):
     t_start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     if jax.default_backend() != "cpu":  # a rerun after a timeout (same warm machine) skips recompiling
@@ -122,17 +129,22 @@ def run(preset: Preset, out: Path, *, ship: bool, model_path: str | None = None,
                "corpus": manifest["meta"], "eval_set": set_name, "artifacts": {}}
     for kind in only:
         t0 = time.perf_counter()
+        left = None if time_budget is None else time_budget - (t0 - t_start) - EVAL_RESERVE_S
+        if left is not None and left < 30:
+            log(f"{kind}: skipped, {left + EVAL_RESERVE_S:.0f}s of --time-budget left (rerun to continue)")
+            continue
         log(f"{kind}: training")
-        drafter, dp, res, tc = train_and_export(kind, preset, tp, cfg, ds, out)
+        drafter, dp, res, tc = train_and_export(kind, preset, tp, cfg, ds, out, left)
         train_s = time.perf_counter() - t0
         log(f"{kind}: tau on {set_name}")
-        tau = evaluate.tau(tp, cfg, drafter, dp, sets, num_draft=preset.num_draft, max_new_tokens=preset.eval_max_new,
+        k = min(preset.num_draft, drafter.max_draft or preset.num_draft)
+        tau = evaluate.tau(tp, cfg, drafter, dp, sets, num_draft=k, max_new_tokens=preset.eval_max_new,
                            reference=reference)
         folder = out / "export" / kind
         rec = {"train_seconds": round(train_s, 1), "steps": res.end_step, "planned_steps": tc.steps,
                "batch_size": tc.batch_size, "lr": tc.lr, "seq_len": ds.seq_len,
                "final": res.history[-1] if res.history else None,
-               "history": res.history[:: max(1, len(res.history) // 50)], "tau": tau, "num_draft": preset.num_draft,
+               "history": res.history[:: max(1, len(res.history) // 50)], "tau": tau, "num_draft": k,
                "size_bytes": sum(f.stat().st_size for f in folder.iterdir())}
         results["artifacts"][kind] = rec
         atomic_write_text(folder / "CARD.md", cards.card(kind, rec, results))
@@ -159,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"comma-separated subset of {','.join(KINDS)} "
                         "(medusa-own: own LM heads, measured, not shipped)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="override the preset's dtype")
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="seconds for this invocation: stages stop early with a checkpoint (a rerun resumes)")
     args = p.parse_args(argv)
     preset = PRESETS[args.preset]
     if args.dtype:
@@ -170,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     if not only or not set(only) <= set(KINDS):
         p.error(f"--only takes a comma-separated subset of {', '.join(KINDS)}; got {args.only!r}")
     out = Path(args.out).expanduser() if args.out else assets.home() / "train" / args.preset
-    run(preset, out, ship=args.ship, model_path=args.model, only=only)
+    run(preset, out, ship=args.ship, model_path=args.model, only=only, time_budget=args.time_budget)
     if args.bundle:
         cards.bundle(out / "export", [k for k in only if k in SHIPPED_KINDS], Path(args.bundle))
     return 0
