@@ -8,6 +8,9 @@
 # Locally: `split -b 50000000 -d GGUF .carry/a/smol.part` (part01 moved to .carry/b with the jsonl data and
 # prompt_ids.json), afterwards `cat shipped.tar.part* | tar x -C specjax/shipped/smollm2-135m-instruct/`.
 set -euo pipefail
+# A pinned snapshot of the code (git archive HEAD ... > .carry/h/head.tgz), when carried, replaces the working
+# copy's edits in progress, so a run measures committed code.
+[ -f .carry/h/head.tgz ] && tar xzf .carry/h/head.tgz
 export SPECJAX_HOME=/root/sj JAX_COMPILATION_CACHE_DIR=/root/jaxcache PYTHONPATH=.:benchmarks:/tmp/site
 OUT=${OUT:-/tmp/out}
 install_whl() { [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
