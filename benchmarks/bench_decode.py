@@ -1,10 +1,13 @@
 """Autoregressive decode ms/token at B=1 and B=8 vs the HBM roofline, plus HF transformers greedy.
 
-    python benchmarks/bench_decode.py [--gguf PATH] [--hf-prompts N] [--skip-8b]
+    python benchmarks/bench_decode.py [--gguf PATH] [--hf-prompts N] [--models 8b,smollm-shape,smollm-gguf] \
+        [--compute param|float32]
 
 ms/token is the slope between two runs of the same compiled loop (max_new_tokens is traced), so
 prefill and compilation drop out. Roofline = weight bytes read per step / copy bandwidth measured
-in the same run. Writes benchmarks/results/decode_<device>_<date>.{json,md}.
+in the same run. ``--compute float32``: float32 matmul operands with the bf16 weights upcast inside
+each product (``ModelConfig.compute_dtype``; the roofline's weight bytes are unchanged). Writes
+benchmarks/results/decode_<device>_<date>[_f32compute]<tag>.{json,md}; the JSON records the mode.
 """
 
 from __future__ import annotations
@@ -67,22 +70,26 @@ def main():
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--models", default="8b,smollm-gguf", help="comma list of 8b, smollm-shape, smollm-gguf")
     ap.add_argument("--tag", default="", help="suffix for the results file name (e.g. an XLA flag variant)")
+    ap.add_argument("--compute", choices=config.COMPUTE_DTYPES, default="param",
+                    help="matmul operand dtype: param (bf16, default) or float32 (bf16 weights upcast inside "
+                         "each product; slower); recorded in the results file name (_f32compute) and JSON")
     args = ap.parse_args()
     models = args.models.split(",")
     res = common.header()
     res["xla_flags"] = __import__("os").environ.get("XLA_FLAGS", "")
+    res["compute_dtype"] = args.compute
     bws = common.copy_bandwidth()
     bw = bws["best"]
     res["bandwidth_GBps"] = {k: v / 1e9 for k, v in bws.items()}
     print("bandwidth GB/s", res["bandwidth_GBps"], flush=True)
     rows = []
     if "smollm-shape" in models:
-        cfgs = SMOLLM2_SHAPE
+        cfgs = SMOLLM2_SHAPE.replace(compute_dtype=args.compute)
         ps = model.init_params(cfgs, jax.random.key(0), dtype=jnp.bfloat16)
         rows += bench_model("smollm2-135m-shape (random)", ps, cfgs, bw, prompt_len=128, n_lo=64, n_hi=256)
         del ps
     if "8b" in models:
-        cfg8 = config.llama3_8b_shape()
+        cfg8 = config.llama3_8b_shape().replace(compute_dtype=args.compute)
         p8 = model.init_params(cfg8, jax.random.key(0), dtype=jnp.bfloat16)
         rows += bench_model("llama3-8b-shape (random)", p8, cfg8, bw, prompt_len=1024, n_lo=64, n_hi=512)
         del p8
@@ -91,6 +98,7 @@ def main():
         from specjax import assets
         path = args.gguf or str(assets.resolve_model("smollm2-135m-instruct"))
         cfg, params = load_model(path, jnp.bfloat16)
+        cfg = cfg.replace(compute_dtype=args.compute)
         rows += bench_model("smollm2-135m (GGUF, bf16)", params, cfg, bw, prompt_len=128, n_lo=64, n_hi=256)
         if args.prompts:
             prompts = json.load(open(args.prompts))[: args.hf_prompts]
@@ -104,7 +112,7 @@ def main():
                                      "speedup_vs_hf": ours_tps / hf["hf_tokens_per_s"]}
             print(res["mtbench_greedy"], flush=True)
     res["rows"] = rows
-    md = (f"# AR decode on {res['device_kind']} (jax {res['jax']}, {res['date']})\n\n"
+    md = (f"# AR decode on {res['device_kind']} (jax {res['jax']}, {res['date']}), compute {args.compute}\n\n"
           f"XLA_FLAGS={res['xla_flags']!r}\n\n"
           f"HBM bandwidth (max of copy and read, same run) {bw / 1e9:.0f} GB/s\n\n"
           + common.md_table(rows, ["model", "B", "ms_per_token", "roofline_ms", "pct_roofline", "tokens_per_s"]))
@@ -113,7 +121,8 @@ def main():
         md += (f"\nMT-bench greedy, {g['prompts']} prompts x {g['max_new_tokens']} tokens, B=1: specjax "
                f"{g['specjax_tokens_per_s']:.1f} tok/s, HF transformers {g['hf_tokens_per_s']:.1f} tok/s "
                f"({g['speedup_vs_hf']:.2f}x)\n")
-    common.write_results(f"decode_{res['device']}_{res['date']}{args.tag}", res, md)
+    compute = "" if args.compute == "param" else "_f32compute"
+    common.write_results(f"decode_{res['device']}_{res['date']}{compute}{args.tag}", res, md)
     print(md)
 
 

@@ -1,13 +1,16 @@
 """Speculative vs autoregressive decoding on SmolLM2 (real weights, bf16), B=1, greedy.
 
     python benchmarks/bench_speculative.py --gguf PATH --prompts prompt_ids.json --dataset mtbench \
-        [--methods ar,ngram:2,ngram:4,layerskip:4] [--max-new 256] [--limit N] [--batches 1,8,32]
+        [--methods ar,ngram:2,ngram:4,layerskip:4] [--max-new 256] [--limit N] [--batches 1,8,32] \
+        [--compute param|float32]
 
 Every prompt of the dataset runs alone (B=1) through each method after one warm-up call (so
 compilation is excluded; prompts are padded to one width so each method compiles once). Reports
 tau (mean accepted length, bonus included), tokens/s, the ratio to AR measured in the same run,
 and how many outputs equal AR greedy in bf16. ``--batches`` adds batch throughput (spec over AR).
-Writes benchmarks/results/spec_<dataset>_<device>_<date>.{json,md}.
+``--compute float32`` runs the target with float32 matmul operands (bf16 weights upcast inside each
+product, ``ModelConfig.compute_dtype``). Writes benchmarks/results/spec_<dataset>_<device>_<date>
+[_f32compute]<tag>.{json,md} (the suffix and the JSON's ``compute_dtype`` record the mode).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import jax.numpy as jnp
 
 import common
 import hf_baseline
+from specjax import config
 from specjax.generate import generate
 from specjax.loading import load_model
 from specjax.speculative import engine
@@ -68,7 +72,8 @@ def batch_throughput(params, cfg, prompts, method, k, max_new, layerskip, batch)
 def save(res: dict, args) -> None:
     """(Re)write the results files; called after every row so a cut-off run keeps what it measured."""
     cols = ["method", "K", "tau", "tokens_per_s", "speedup_vs_ar", "identical_to_ar", "prompts"]
-    md = (f"# Speculative decoding, SmolLM2-135M bf16, {args.dataset}, B=1, greedy, {args.max_new} new tokens\n\n"
+    md = (f"# Speculative decoding, SmolLM2-135M bf16 (compute {args.compute}), {args.dataset}, B=1, greedy, "
+          f"{args.max_new} new tokens\n\n"
           f"{res['device_kind']}, jax {res['jax']}, {res['date']}\n\n" + common.md_table(res["rows"], cols))
     if "hf_rows" in res:
         md += f"\nSame {args.hf} prompts: " + ", ".join(
@@ -77,7 +82,12 @@ def save(res: dict, args) -> None:
             if "subset_tokens_per_s" in r) + "\n"
     if "batch_rows" in res:
         md += "\n" + common.md_table(res["batch_rows"], ["B", "method", "K", "tokens_per_s", "speedup_vs_ar"])
-    common.write_results(f"spec_{args.dataset}_{res['device']}_{res['date']}{args.tag}", res, md)
+    common.write_results(result_name(res, args), res, md)
+
+
+def result_name(res: dict, args) -> str:
+    compute = "" if args.compute == "param" else "_f32compute"
+    return f"spec_{args.dataset}_{res['device']}_{res['date']}{compute}{args.tag}"
 
 
 def main():
@@ -92,14 +102,20 @@ def main():
     ap.add_argument("--batches", default="", help="e.g. 1,8,32: batch throughput for each method")
     ap.add_argument("--batch-methods", default="ar,ngram:4", help="methods for the batch sweep (AR first)")
     ap.add_argument("--tag", default="", help="suffix for the results file name")
+    ap.add_argument("--compute", choices=config.COMPUTE_DTYPES, default="param",
+                    help="matmul operand dtype of the target: param (bf16, default) or float32 (bf16 weights "
+                         "upcast inside each product; slower, closer verify/decode numerics); recorded in the "
+                         "results file name (_f32compute) and JSON")
     ap.add_argument("--hf", type=int, default=0, help="also run HF transformers greedy and prompt lookup on the "
                                                       "first N prompts (same budget, EOS on)")
     args = ap.parse_args()
     data = json.load(open(args.prompts))
     prompts = data[args.dataset][: args.limit or None]
     cfg, params = load_model(args.gguf, jnp.bfloat16)
+    cfg = cfg.replace(compute_dtype=args.compute)
     res = {**common.header(), "model": "SmolLM2-135M-Instruct (GGUF Q4_1 dequantized to bf16)",
-           "dataset": args.dataset, "max_new_tokens": args.max_new, "batch": 1, "greedy": True, "rows": []}
+           "compute_dtype": args.compute, "dataset": args.dataset, "max_new_tokens": args.max_new, "batch": 1,
+           "greedy": True, "rows": []}
     ar_out = None
     for spec in args.methods.split(","):
         method, _, k = spec.partition(":")
@@ -141,7 +157,7 @@ def main():
             row["subset_tokens_per_s"] = sum(toks) / sum(secs)
         res["subset_note"] = f"hf_rows and subset_tokens_per_s use the first {args.hf} prompts"
     save(res, args)
-    print((common.RESULTS / f"spec_{args.dataset}_{res['device']}_{res['date']}{args.tag}.md").read_text())
+    print((common.RESULTS / f"{result_name(res, args)}.md").read_text())
 
 
 if __name__ == "__main__":

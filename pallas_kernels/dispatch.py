@@ -1,36 +1,69 @@
 """Kernel dispatch for ``specjax.attention.attend`` on Hopper: the kernel's output, or None.
 
-None means "not applicable here, use the reference". The kernel applies to the model's prefill and
-verify calls: q [B,T,H,d] with T >= 2, k/v cache [B,S,G,d], bf16 or fp16, head dim 64/128/256,
-H % G == 0. Mask: key slot s is visible to the query at position q_pos[b, t] iff s <= q_pos[b, t]
-(slots past a sequence's valid length lie past its positions, so they are masked by the same rule).
-Decode (T == 1) returns None: the kernel spends a 128-row query tile on one row, and no
-measurement shows it faster than the reference there (none was made).
+None means "not applicable here, use the reference". Two kernels, both for q [B,T,H,d] against a
+k/v cache [B,S,G,d], bf16 or fp16 (q in the cache dtype), H % G == 0. Mask: key slot s is visible
+to the query at position q_pos[b, t] iff s <= q_pos[b, t] (slots past a sequence's valid length lie
+past its positions, so they are masked by the same rule).
+
+  * T <= 16 (decode T = 1 and speculative verify T = K + 1), head dim 64/128, on a GPU backend:
+    ``decode_attention`` (Pallas Triton, flash-decoding). Decode and verify run the same compiled
+    kernels, so a query's attention output is bitwise the same in both (see that module).
+  * T >= 2 otherwise (prefill), head dim 64/128/256: the FA3 kernel (``flash_attention``).
+
+``SPECJAX_DECODE_KERNEL=0`` turns the decode kernel off (A/B timing): T == 1 then returns None
+(the XLA reference runs) and 2 <= T <= 16 goes to FA3, as before the decode kernel existed. The
+variable is read when the model is traced; jit caches traced functions, so set it before the
+first call (e.g. per process).
 """
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.decode_attention import MAX_QUERIES, decode_attention
 from pallas_kernels.flash_attention import key_end
 from pallas_kernels.flash_attention_vjp import flash_attention
 
-MIN_QUERIES = 2
+MIN_QUERIES = 2  # FA3 (prefill): at least two queries
 
 
-def applies(q_BTHd, k_BSGd, v_BSGd) -> bool:
-    """Static check (shapes and dtypes only) that the kernel supports this call."""
-    (B, T, H, d), (Bk, S, G, dk) = q_BTHd.shape, k_BSGd.shape
-    return (T >= MIN_QUERIES and S >= 1 and (Bk, dk) == (B, d) and v_BSGd.shape == k_BSGd.shape
-            and d in (64, 128, 256) and H % G == 0
+def _common(q_BTHd, k_BSGd, v_BSGd) -> bool:
+    (B, _, H, d), (Bk, S, G, dk) = q_BTHd.shape, k_BSGd.shape
+    return (S >= 1 and (Bk, dk) == (B, d) and v_BSGd.shape == k_BSGd.shape and H % G == 0
             and q_BTHd.dtype == k_BSGd.dtype == v_BSGd.dtype
             and q_BTHd.dtype in (jnp.bfloat16, jnp.float16))
 
 
+def applies(q_BTHd, k_BSGd, v_BSGd) -> bool:
+    """Static check (shapes and dtypes only) that the FA3 kernel supports this call."""
+    return (q_BTHd.shape[1] >= MIN_QUERIES and q_BTHd.shape[3] in (64, 128, 256)
+            and _common(q_BTHd, k_BSGd, v_BSGd))
+
+
+def _gpu_backend() -> bool:
+    return jax.default_backend() == "gpu"
+
+
+def decode_kernel_enabled() -> bool:
+    """False when ``SPECJAX_DECODE_KERNEL=0``, or when the default backend is not a GPU (the
+    Triton kernel cannot run elsewhere)."""
+    return os.environ.get("SPECJAX_DECODE_KERNEL", "1") != "0" and _gpu_backend()
+
+
+def applies_decode(q_BTHd, k_BSGd, v_BSGd) -> bool:
+    """Static check (shapes and dtypes only) that the decode kernel supports this call."""
+    return (1 <= q_BTHd.shape[1] <= MAX_QUERIES and q_BTHd.shape[3] in (64, 128)
+            and _common(q_BTHd, k_BSGd, v_BSGd))
+
+
 def attend(q_BTHd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array,
            q_pos_BT: jax.Array) -> jax.Array | None:
-    """Causal GQA attention over the cache by the FA3 kernel, or None where it does not apply."""
+    """Causal GQA attention over the cache by a Pallas kernel, or None where none applies."""
+    if applies_decode(q_BTHd, k_BSGd, v_BSGd) and decode_kernel_enabled():
+        return decode_attention(q_BTHd, k_BSGd, v_BSGd, q_pos_BT)
     if not applies(q_BTHd, k_BSGd, v_BSGd):
         return None
     B, T, S = q_BTHd.shape[0], q_BTHd.shape[1], k_BSGd.shape[1]

@@ -249,7 +249,7 @@ def key_end(B: int, T: int, S: int, *, causal: str = "none", kv_lens_B=None, q_l
 
 
 def _check(q, k, v, kend):
-    (B, T, H, d), (Bk, S, G, dk) = q.shape, k.shape
+    (B, T, H, d), (Bk, _, G, dk) = q.shape, k.shape
     if k.shape != v.shape or (Bk, dk) != (B, d) or H % G or kend.shape != (B, T):
         raise ValueError(f"expected q [B,T,H,d], k = v [B,S,G,d] with H % G == 0, k_end [B,T]; got "
                          f"q {q.shape}, k {k.shape}, v {v.shape}, k_end {kend.shape}")

@@ -36,7 +36,13 @@ class KVCache:
 
 
 def init_cache(cfg: ModelConfig, batch: int, capacity: int, dtype=jnp.float32, n_layers: int | None = None) -> KVCache:
-    """An empty cache of ``capacity`` slots per sequence (``n_layers`` defaults to the model's)."""
+    """An empty cache of ``capacity`` slots per sequence (``n_layers`` defaults to the model's).
+
+    ``dtype`` is normally the weights' dtype; with ``cfg.compute_dtype == "float32"`` the cache holds
+    float32 instead, so K/V written by a verify forward and by a decode step are not rounded to bf16
+    (rounding that would turn their last-bit float32 differences into bf16-ulp ones)."""
+    if cfg.compute_dtype == "float32":
+        dtype = jnp.float32
     if capacity <= 0 or batch <= 0:
         raise ValueError(f"cache needs batch > 0 and capacity > 0, got batch={batch}, capacity={capacity}")
     L = cfg.n_layers if n_layers is None else n_layers

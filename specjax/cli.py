@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 
+from specjax.config import COMPUTE_DTYPES
 from specjax.errors import SpecjaxError
 
 METHODS = ("ar", "draft", "layerskip", "ngram", "eagle3", "medusa")
@@ -58,7 +59,7 @@ def cmd_generate(args) -> int:
     if args.max_new_tokens <= 0:
         raise ValueError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
     texts = _prompts(args)
-    lm = load(args.model, args.dtype)
+    lm = load(args.model, args.dtype, compute_dtype=args.compute)
     encoded = [lm.encode(t, chat=args.chat) for t in texts]
     for ids in encoded:  # fail before any work
         validate_request(lm.cfg, [ids], args.max_new_tokens)
@@ -97,7 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    g.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="weights and KV cache dtype")
+    g.add_argument("--compute", choices=COMPUTE_DTYPES, default="param",
+                   help="matmul operand dtype. 'param' (default): the weight dtype (--dtype), fastest. "
+                        "'float32': weights stay --dtype in memory but every matmul and the attention "
+                        "take float32 operands (weights upcast in the product, full float32 precision, "
+                        "no TF32), so with bfloat16 a speculative greedy run keeps the autoregressive "
+                        "tokens far more often; slower. With --dtype float32 it only forces full-precision matmuls")
     g.add_argument("--method", default="ar", help=f"one of {', '.join(METHODS)}")
     g.add_argument("--num-draft", type=int, default=4, help="K, draft tokens per cycle")
     g.add_argument("--draft-model", default=None)

@@ -8,6 +8,18 @@ from __future__ import annotations
 
 import dataclasses
 
+COMPUTE_DTYPES = ("param", "float32")
+
+
+def check_compute_dtype(compute_dtype) -> str:
+    """``compute_dtype`` if it is one of ``COMPUTE_DTYPES``, else a ValueError that lists them."""
+    if compute_dtype not in COMPUTE_DTYPES:
+        names = ", ".join(map(repr, COMPUTE_DTYPES))
+        raise ValueError(f"unknown compute_dtype {compute_dtype!r}; expected one of {names} ('param': matmul "
+                         "operands in the weight dtype, fast; 'float32': float32 operands with the weights upcast "
+                         "inside each product, slower, for bf16 verify/decode agreement)")
+    return compute_dtype
+
 
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
@@ -25,6 +37,25 @@ class RopeScaling:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
+    """Shape and numerics of a decoder. Weights may be float32 or bfloat16 (the params' dtype, not a
+    field); the residual stream and every matmul's accumulation and output are float32 regardless.
+
+    ``compute_dtype`` sets the dtype of the matmul *operands* (activations, q, attention probabilities):
+      ``"param"``   (default) operands in the weight dtype: with bf16 weights the float32 activations
+                    are rounded to bf16 before each matmul and run as bf16 matmuls (fastest).
+      ``"float32"`` float32 operands: the stored weights keep their dtype (same params, same memory)
+                    and are upcast inside each product, at ``Precision.HIGHEST`` (no TF32); the
+                    reference attention keeps q, scores and probabilities in float32 (K/V upcast
+                    from the cache), and the bf16 Pallas attention kernels are not used. A verify
+                    forward (K+1 tokens) and a decode step (1 token) then differ only by float32
+                    rounding, so bf16 greedy speculative output keeps AR's tokens far more often.
+                    Slower (float32 matmuls). With float32 weights the same as "param" up to matmul
+                    precision (bitwise on CPU; a GPU may run "param" float32 matmuls in TF32).
+    Applies to the target's forward (``model.forward``, hence also the layer-skip drafter); a draft
+    model follows its own ``ModelConfig``; EAGLE-3 and Medusa heads ignore it ("param" numerics):
+    drafters' numerics do not affect exactness.
+    """
+
     vocab_size: int
     d_model: int
     n_layers: int
@@ -41,6 +72,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     arch: str = "llama"
+    compute_dtype: str = "param"  # "param" | "float32": matmul operand dtype (see the class docstring)
 
     def __post_init__(self):
         if self.head_dim == 0:
@@ -56,6 +88,7 @@ class ModelConfig:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
         if self.arch not in ("llama", "qwen2"):
             raise ValueError(f"unknown arch {self.arch!r}; expected 'llama' or 'qwen2'")
+        check_compute_dtype(self.compute_dtype)
         object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
 
     @property

@@ -1,4 +1,4 @@
-"""Small pure building blocks: RMSNorm, rotary embeddings (with Llama-3 scaling), SwiGLU."""
+"""Small pure building blocks: RMSNorm, rotary embeddings (with Llama-3 scaling), the matmul, SwiGLU."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.config import ModelConfig
+from specjax.config import ModelConfig, check_compute_dtype
 
 
 def rms_norm(x_BTD: jax.Array, w_D: jax.Array, eps: float) -> jax.Array:
@@ -50,20 +50,27 @@ def apply_rope(x_BTNd: jax.Array, cos_BTd: jax.Array, sin_BTd: jax.Array) -> jax
     return x_BTNd * cos + rot * sin
 
 
-def linear(x_BTI: jax.Array, w_OI: jax.Array) -> jax.Array:
+def linear(x_BTI: jax.Array, w_OI: jax.Array, compute_dtype: str = "param") -> jax.Array:
     """``x @ w.T`` for a weight stored ``[out, in]`` (HF/PyTorch layout), float32 out.
 
-    The operands are in the weight's dtype and the products accumulate in float32, which is also the
-    output dtype: activations stay float32 between matmuls even with bf16 weights, so a forward over
-    K+1 tokens (verify) and over one token (decode) round alike and greedy speculative decoding
-    keeps AR's tokens in bf16 except at true near-ties.
+    ``compute_dtype="param"``: the operands are in the weight's dtype and the products accumulate in
+    float32, which is also the output dtype: activations stay float32 between matmuls even with bf16
+    weights, but are rounded to bf16 on the way into each matmul.
+    ``compute_dtype="float32"``: the float32 activation meets the weight upcast to float32 inside the
+    jitted product (the stored weight keeps its dtype; the convert is left to XLA to fuse into the
+    matmul), at ``Precision.HIGHEST`` so GPUs do not use TF32. A forward over K+1 tokens (verify) and
+    over one token (decode) then differ only by float32 rounding (``ModelConfig.compute_dtype``).
 
     At decode (one row per sequence) XLA turns this product into a reduction over ``in``; with the
     ``[out, in]`` layout that reduction runs over contiguous memory (1.9x faster than ``[in, out]``
     for SmolLM2's matmuls on an H200, benchmarks/NOTES.md)."""
+    if compute_dtype == "float32":
+        return jnp.einsum("...i,oi->...o", x_BTI.astype(jnp.float32), w_OI.astype(jnp.float32),
+                          precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    check_compute_dtype(compute_dtype)  # trace time only
     return jnp.einsum("...i,oi->...o", x_BTI.astype(w_OI.dtype), w_OI, preferred_element_type=jnp.float32)
 
 
-def swiglu(x_BTD: jax.Array, w_gate_up_2FD: jax.Array, w_down_DF: jax.Array) -> jax.Array:
-    gate, up = jnp.split(linear(x_BTD, w_gate_up_2FD), 2, axis=-1)
-    return linear(jax.nn.silu(gate) * up, w_down_DF)
+def swiglu(x_BTD: jax.Array, w_gate_up_2FD: jax.Array, w_down_DF: jax.Array, compute_dtype: str = "param") -> jax.Array:
+    gate, up = jnp.split(linear(x_BTD, w_gate_up_2FD, compute_dtype), 2, axis=-1)
+    return linear(jax.nn.silu(gate) * up, w_down_DF, compute_dtype)

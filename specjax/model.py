@@ -10,6 +10,8 @@ params = {
 Weights are stored ``[out, in]`` as in HF checkpoints (``layers.linear``); q/k/v and gate/up are
 stored fused (one matmul each); loaders split/join names. Weights and the KV cache may be bf16; the
 residual stream and every matmul's accumulation and output are float32 (see ``layers.linear``).
+``cfg.compute_dtype`` sets the matmul operand dtype of every matmul here (q/k/v, attention, o, MLP,
+LM head): "param" (the weight dtype) or "float32" (weights upcast inside the product).
 """
 
 from __future__ import annotations
@@ -53,16 +55,16 @@ def embed(params: dict, tokens_BT: jax.Array) -> jax.Array:
 
 
 def lm_head(params: dict, cfg: ModelConfig, h_BTD: jax.Array) -> jax.Array:
-    """Final-normed hidden states -> float32 logits."""
+    """Final-normed hidden states -> float32 logits (operands per ``cfg.compute_dtype``)."""
     w_VD = params["embed"] if cfg.tie_embeddings else params["lm_head"]
-    return jnp.einsum("btd,vd->btv", h_BTD.astype(w_VD.dtype), w_VD, preferred_element_type=jnp.float32)
+    return linear(h_BTD, w_VD, cfg.compute_dtype)
 
 
 def attention_block(lp: dict, cfg: ModelConfig, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B):
     """One attention sub-layer; writes this step's K/V into the cache at ``start_B``."""
     B, T, _ = x_BTD.shape
     H, G, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    qkv = linear(x_BTD, lp["wqkv"])
+    qkv = linear(x_BTD, lp["wqkv"], cfg.compute_dtype)
     if "bqkv" in lp:
         qkv = qkv + lp["bqkv"]
     q, k, v = jnp.split(qkv, [cfg.q_dim, cfg.q_dim + cfg.kv_dim], axis=-1)
@@ -71,15 +73,16 @@ def attention_block(lp: dict, cfg: ModelConfig, x_BTD, cos, sin, q_pos_BT, k_BSG
     v_BTGd = v.reshape(B, T, G, d)
     k_BSGd = kv.write(k_BSGd, k_BTGd, start_B)
     v_BSGd = kv.write(v_BSGd, v_BTGd, start_B)
-    o_BTHd = attention.attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT)
-    return linear(o_BTHd.reshape(B, T, H * d), lp["wo"]), k_BSGd, v_BSGd
+    o_BTHd = attention.attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, cfg.compute_dtype)
+    return linear(o_BTHd.reshape(B, T, H * d), lp["wo"], cfg.compute_dtype), k_BSGd, v_BSGd
 
 
 def decoder_layer(lp, cfg, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B):
     a, k_BSGd, v_BSGd = attention_block(lp, cfg, rms_norm(x_BTD, lp["attn_norm"], cfg.norm_eps),
                                         cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B)
     x_BTD = x_BTD + a
-    x_BTD = x_BTD + swiglu(rms_norm(x_BTD, lp["mlp_norm"], cfg.norm_eps), lp["w_gate_up"], lp["w_down"])
+    x_BTD = x_BTD + swiglu(rms_norm(x_BTD, lp["mlp_norm"], cfg.norm_eps), lp["w_gate_up"], lp["w_down"],
+                           cfg.compute_dtype)
     return x_BTD, k_BSGd, v_BSGd
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import jax.numpy as jnp
 
 from specjax import assets
-from specjax.config import ModelConfig
+from specjax.config import ModelConfig, check_compute_dtype
 from specjax.loading import load_gguf, load_hf
 from specjax.loading.gguf_file import open_reader
 from specjax.tokenizer import Tokenizer
@@ -37,10 +37,17 @@ class LoadedModel:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def load(name_or_path: str | os.PathLike = "smollm2-135m-instruct", dtype: str = "float32") -> LoadedModel:
-    """Load a registered model name (fetched with `specjax fetch`), a .gguf file or an HF folder."""
+def load(name_or_path: str | os.PathLike = "smollm2-135m-instruct", dtype: str = "float32",
+         compute_dtype: str = "param") -> LoadedModel:
+    """Load a registered model name (fetched with `specjax fetch`), a .gguf file or an HF folder.
+
+    ``dtype`` is the weights' (and KV cache's) dtype; ``compute_dtype`` the matmul operand dtype,
+    "param" (the weight dtype, fast) or "float32" (bf16 weights upcast inside each product: slower,
+    but bf16 greedy speculative output keeps AR's tokens far more often), see ``ModelConfig``.
+    """
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)}")
+    check_compute_dtype(compute_dtype)  # before reading any file
     path = assets.resolve_model(name_or_path)
     if path.suffix == ".gguf":
         assets.verify_gguf(path)
@@ -52,4 +59,5 @@ def load(name_or_path: str | os.PathLike = "smollm2-135m-instruct", dtype: str =
         cfg, params = load_hf(path, DTYPES[dtype])
     if tok.eos_token_ids and not cfg.eos_token_ids:
         cfg = cfg.replace(eos_token_ids=tuple(tok.eos_token_ids))
+    cfg = cfg.replace(compute_dtype=compute_dtype)
     return LoadedModel(cfg=cfg, params=params, tokenizer=tok, path=path)

@@ -96,3 +96,18 @@ def test_corrupt_and_truncated_gguf(tmp_path, monkeypatch, capsys):
     reg.write_bytes(b"GGUF" + b"\x00" * 1000)
     code, out, err = run(capsys, "generate", "--prompt", "hi")
     assert code != 0 and out == "" and "sha256" in err
+
+
+def test_generate_compute_float32(tiny_dir, capsys):
+    """--compute float32 runs (float32 weights: same tokens as the default) and a bad value is rejected."""
+    outs = []
+    for compute in ("param", "float32"):
+        code, out, err = run(capsys, "generate", "--model", str(tiny_dir), "--prompt", "the lazy dog",
+                             "--max-new-tokens", "5", "--method", "ngram", "--compute", compute, "--json")
+        assert code == 0, err
+        outs.append(json.loads(out)["output_ids"])
+    assert outs[0] == outs[1]
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--model", str(tiny_dir), "--prompt", "the fox", "--compute", "bfloat16"])
+    out = capsys.readouterr()
+    assert e.value.code == 2 and out.out == "" and "invalid choice: 'bfloat16'" in out.err

@@ -29,6 +29,19 @@ def _load_draft_model(draft_model, target_params, dtype):
     return load_model(path, **({} if dtype is None else {"dtype": dtype}))
 
 
+def _shipped_draft(cfg: ModelConfig, target_params, dtype):
+    """The distilled draft model shipped for SmolLM2-135M-Instruct (it shares that target's embedding)."""
+    import json
+
+    from specjax.heads import shipped
+    conf = json.loads((shipped.path(SHIPPED_TARGET, "draft") / "config.json").read_text())
+    if (conf["hidden_size"], conf["vocab_size"]) != (cfg.d_model, cfg.vocab_size):
+        raise ValueError(f"the shipped draft model is made for {SHIPPED_TARGET} (d_model {conf['hidden_size']}, "
+                         f"vocabulary {conf['vocab_size']}); this target has d_model {cfg.d_model}, vocabulary "
+                         f"{cfg.vocab_size}: pass --draft-model PATH")
+    return shipped.load(SHIPPED_TARGET, "draft", cfg, target_params, dtype)
+
+
 def _load_heads(method: str, draft_model, cfg: ModelConfig, target_params, dtype):
     from specjax.heads import eagle3_io, medusa_io, shipped
     from specjax.speculative.drafters.eagle3 import Eagle3
@@ -50,7 +63,7 @@ def build(method: str, cfg: ModelConfig, *, target_params: dict | None = None, d
 
     ``draft_model``: for ``draft``, a path (.gguf, HF folder, or a slim folder sharing the target's
     embedding) or a loaded ``(ModelConfig, params)`` pair; for ``eagle3``/``medusa``, a head folder
-    (default: the head shipped for SmolLM2-135M-Instruct). Loaded in ``draft_dtype`` (default: the
+    (default for all three: the draft model / head shipped for SmolLM2-135M-Instruct). Loaded in ``draft_dtype`` (default: the
     target's). ``layerskip_layers`` defaults to half the depth.
     """
     if method not in METHODS:
@@ -59,8 +72,9 @@ def build(method: str, cfg: ModelConfig, *, target_params: dict | None = None, d
         draft_dtype = target_params["embed"].dtype
     if method == "draft":
         if draft_model is None:
-            raise ValueError("method 'draft' needs a draft model (--draft-model PATH)")
-        dcfg, dparams = _load_draft_model(draft_model, target_params, draft_dtype)
+            dcfg, dparams = _shipped_draft(cfg, target_params, draft_dtype)
+        else:
+            dcfg, dparams = _load_draft_model(draft_model, target_params, draft_dtype)
         if dcfg.vocab_size != cfg.vocab_size:
             raise ValueError(f"draft model vocabulary ({dcfg.vocab_size} tokens) differs from the target's "
                              f"({cfg.vocab_size}); a draft model must share the target's tokenizer and vocabulary")

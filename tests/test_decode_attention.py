@@ -1,0 +1,253 @@
+"""Decode/verify attention kernel: Pallas interpreter, CUDA lowering and dispatch on CPU; real runs
+under @pytest.mark.gpu."""
+
+import itertools
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax._src import mesh as mesh_lib
+
+from pallas_kernels import dispatch
+from pallas_kernels.decode_attention import (MAX_QUERIES, TuningConfig, decode_attention,
+                                             decode_attention_reference, default_config, packed_rows,
+                                             split_geometry)
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*Pallas Triton backend is deprecated")
+
+SPLIT = TuningConfig(block_m=32, block_k=32, split_blocks=2)   # several row tiles, 64-key splits
+ONE = TuningConfig(block_k=32, split_blocks=64)                # S <= 2048: one split, no combine
+CONFIGS = {"split": SPLIT, "one": ONE, "default": None}
+
+
+def _inputs(seed, B, T, H, S, G, d, dtype):
+    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+    dt = jnp.dtype(dtype)
+    return (jax.random.normal(kq, (B, T, H, d), dt), jax.random.normal(kk, (B, S, G, d), dt),
+            jax.random.normal(kv, (B, S, G, d), dt))
+
+
+def _ragged_positions(B, T, S):
+    """Row 0 starts at position 0 (its first query sees one key), the last row ends at S - 1."""
+    starts = np.linspace(0, S - T, B).astype(np.int32)
+    return jnp.asarray(starts[:, None] + np.arange(T, dtype=np.int32)[None])
+
+
+def _check_close(q, k, v, q_pos, o, tol):
+    ref = np.asarray(decode_attention_reference(q, k, v, q_pos))
+    o = np.asarray(o)
+    assert o.dtype == np.float32 and o.shape == q.shape
+    assert np.isfinite(o).all(), "kernel output has NaN/inf (an unwritten or bad element)"
+    rel = np.linalg.norm(o - ref) / np.linalg.norm(ref)
+    assert rel < tol, f"relative error {rel:.2e} >= {tol}"
+    # Row 0's first query sees exactly one key: its output is that key's value, bit for bit.
+    R = q.shape[2] // k.shape[2]
+    np.testing.assert_array_equal(o[0, 0], np.repeat(np.asarray(v[0, 0], np.float32), R, axis=0))
+
+
+def _assert_t1_equals_verify_rows(q, k, v, q_pos, run):
+    """Each query alone (T = 1) and a prefix (T = 3) give bitwise the rows of the full T call."""
+    T = q.shape[1]
+    full = np.asarray(run(q, k, v, q_pos))
+    for t in sorted({0, T // 2, T - 1}):
+        one = np.asarray(run(q[:, t:t + 1], k, v, q_pos[:, t:t + 1]))
+        np.testing.assert_array_equal(one[:, 0], full[:, t], err_msg=f"T=1 vs row {t} of T={T}")
+    np.testing.assert_array_equal(np.asarray(run(q[:, :3], k, v, q_pos[:, :3])), full[:, :3])
+
+
+# ---------------------------------------------------------------- CPU: Pallas interpreter
+INTERP_CASES = ([(T, R, d, "bfloat16") for T, R, d in itertools.product((1, 5, 8), (1, 3, 4), (64, 128))]
+                + [(5, 1, 64, "float16"), (5, 3, 64, "float16"), (1, 4, 128, "float16"), (8, 3, 128, "float16")])
+
+
+@pytest.mark.parametrize("T,R,d,dtype", INTERP_CASES)
+def test_interpreter_matches_reference(T, R, d, dtype):
+    B, G, S = 3, 2, 200                                  # S is not a multiple of any block_k
+    q, k, v = _inputs(T * 100 + R * 10 + d, B, T, G * R, S, G, d, dtype)
+    q_pos = _ragged_positions(B, T, S)
+    cfg = list(CONFIGS.values())[INTERP_CASES.index((T, R, d, dtype)) % 3]
+    o = decode_attention(q, k, v, q_pos, config=cfg, interpret=True)
+    _check_close(q, k, v, q_pos, o, tol=1e-2 if dtype == "bfloat16" else 2e-3)
+
+
+@pytest.mark.parametrize("cfg", [SPLIT, TuningConfig(block_k=32, split_blocks=5), ONE])
+def test_interpreter_output_independent_of_cache_capacity(cfg):
+    """Same queries and the same first 150 slots: a cache of 150 and one of 300 slots give the same
+    bits (with split_blocks=5, 150 slots fit one split and 300 need the combine kernel)."""
+    B, T, H, G, d = 2, 4, 6, 2, 64
+    q, k, v = _inputs(8, B, T, H, 300, G, d, "bfloat16")
+    q_pos = jnp.asarray([[0], [146]], jnp.int32) + jnp.arange(T, dtype=jnp.int32)[None]
+    run = lambda S: np.asarray(decode_attention(q, k[:, :S], v[:, :S], q_pos, config=cfg, interpret=True))
+    np.testing.assert_array_equal(run(150), run(300))
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_interpreter_t1_equals_verify_row_bitwise(name):
+    B, T, H, S, G, d = 2, 9, 12, 150, 4, 64
+    q, k, v = _inputs(3, B, T, H, S, G, d, "bfloat16")
+    # The T=9 calls reach key blocks / splits past the position of their first query (64, 128).
+    q_pos = jnp.asarray([[60], [120]], jnp.int32) + jnp.arange(T, dtype=jnp.int32)[None]
+    run = lambda *a: decode_attention(*a, config=CONFIGS[name], interpret=True)
+    _assert_t1_equals_verify_rows(q, k, v, q_pos, run)
+
+
+def test_interpreter_row_that_sees_nothing_is_zero():
+    q, k, v = _inputs(5, 2, 2, 4, 70, 2, 64, "bfloat16")
+    q_pos = jnp.asarray([[-1, -1], [3, 69]], jnp.int32)
+    o = np.asarray(decode_attention(q, k, v, q_pos, config=SPLIT, interpret=True))
+    np.testing.assert_array_equal(o[0], 0.0)
+    ref = np.asarray(decode_attention_reference(q, k, v, q_pos))
+    np.testing.assert_allclose(o[1], ref[1], atol=2e-2)
+
+
+# ---------------------------------------------------------------- CPU: config, geometry, errors
+@pytest.mark.parametrize("kw,msg", [({"block_m": 48}, "block_m"), ({"block_m": 8}, "block_m"),
+                                    ({"block_k": 100}, "block_k"), ({"block_k": 512}, "block_k"),
+                                    ({"split_blocks": 0}, "split_blocks"), ({"split_blocks": 1.5}, "split_blocks"),
+                                    ({"num_warps": 3}, "num_warps"), ({"num_stages": 0}, "num_stages")])
+def test_tuning_config_validation(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        TuningConfig(**kw)
+
+
+def test_split_geometry_and_default_config():
+    assert split_geometry(200, SPLIT) == (4, 64)          # boundaries at multiples of 64 keys
+    assert split_geometry(2048, ONE) == (1, 2048) and split_geometry(2049, ONE) == (2, 2048)
+    assert packed_rows(3, 64) == 64 and packed_rows(4, 32) == 64 and packed_rows(8, 64) == 128
+    assert default_config(1, 3, 3, 64) == TuningConfig(block_m=64, block_k=64, split_blocks=2)  # SmolLM2 B=1
+    assert default_config(1, 8, 1, 128).block_m == 16 and default_config(8, 8, 4, 128).split_blocks == 8
+
+
+def test_entry_rejects_bad_inputs():
+    bf = lambda *s: jnp.zeros(s, jnp.bfloat16)
+    pos = lambda B, T: jnp.zeros((B, T), jnp.int32)
+    with pytest.raises(ValueError, match="queries"):
+        decode_attention(bf(1, MAX_QUERIES + 1, 4, 64), bf(1, 32, 2, 64), bf(1, 32, 2, 64), pos(1, 17))
+    with pytest.raises(ValueError, match="dtype"):
+        decode_attention(jnp.zeros((1, 1, 4, 64)), bf(1, 32, 2, 64), bf(1, 32, 2, 64), pos(1, 1))
+    with pytest.raises(ValueError, match="H % G"):
+        decode_attention(bf(1, 1, 5, 64), bf(1, 32, 2, 64), bf(1, 32, 2, 64), pos(1, 1))
+
+
+# ---------------------------------------------------------------- CPU: lowering for CUDA, dispatch
+@pytest.mark.parametrize("shape", [(1, 1, 9, 3, 64, 512), (8, 9, 32, 8, 128, 2048), (2, 16, 8, 1, 128, 300),
+                                   (1, 5, 16, 2, 64, 77)])
+@pytest.mark.parametrize("name", CONFIGS)
+def test_lowers_for_cuda(shape, name):
+    """Lowers to Triton IR for an H200 (lowering rules, power-of-two tiles); PTX is built on GPU only."""
+    B, T, H, G, d, S = shape
+    q, kv = jax.ShapeDtypeStruct((B, T, H, d), jnp.bfloat16), jax.ShapeDtypeStruct((B, S, G, d), jnp.bfloat16)
+    pos = jax.ShapeDtypeStruct((B, T), jnp.int32)
+    h200 = mesh_lib.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
+    f = lambda q, k, v, p: decode_attention(q, k, v, p, config=CONFIGS[name])
+    with warnings.catch_warnings(), jax.sharding.use_abstract_mesh(
+            mesh_lib.AbstractMesh((1,), ("x",), abstract_device=h200)):
+        warnings.simplefilter("ignore", DeprecationWarning)
+        text = jax.jit(f).trace(q, kv, kv, pos).lower(lowering_platforms=("cuda",)).as_text()
+    n_splits = split_geometry(S, CONFIGS[name] or default_config(B, G, H // G, d))[0]
+    assert text.count("xla.gpu.triton") == (1 if n_splits == 1 else 2)
+
+
+def _route(T, d=64):
+    """Which kernel ``dispatch.attend`` picks (None: the reference), from the traced jaxpr."""
+    declined = []
+
+    def f(*args):
+        out = dispatch.attend(*args)
+        declined.append(out is None)
+        return args[0] if out is None else out
+    bf = lambda *s: jax.ShapeDtypeStruct(s, jnp.bfloat16)
+    text = str(jax.make_jaxpr(f)(bf(1, T, 9, d), bf(1, 64, 3, d), bf(1, 64, 3, d),
+                                 jax.ShapeDtypeStruct((1, T), jnp.int32)))
+    if declined[0]:
+        return None
+    return "decode" if "decode_attention" in text else "fa3" if "flash_attention_fwd" in text else "?"
+
+
+def test_dispatch_routes_by_query_count(monkeypatch):
+    """Traced only (no kernel runs): T <= 16 -> decode kernel, longer -> FA3; env var restores the old
+    routing; on a non-GPU backend the decode kernel never applies."""
+    assert _route(1) is None                                       # this CPU host
+    monkeypatch.setattr(dispatch, "_gpu_backend", lambda: True)
+    assert [_route(T) for T in (1, 2, 16, 17)] == ["decode", "decode", "decode", "fa3"]
+    assert _route(1, d=256) is None and _route(5, d=256) == "fa3"   # d=256: FA3 only
+    monkeypatch.setenv("SPECJAX_DECODE_KERNEL", "0")
+    assert [_route(T) for T in (1, 2, 16, 17)] == [None, "fa3", "fa3", "fa3"]
+
+
+# ---------------------------------------------------------------- GPU
+def _poison(*shapes):
+    """Fill, then free, float32 device buffers of these sizes, so the kernels' outputs likely land on
+    NaN-filled memory: an element that is read unwritten then shows up as NaN."""
+    for s in shapes:
+        jnp.full(s, jnp.nan, jnp.float32).block_until_ready().delete()
+
+
+GPU_SHAPES = {"smollm2": (9, 3, 64), "llama3-8b": (32, 8, 128), "mha128": (8, 8, 128)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,shape,name", list(itertools.product(("bfloat16", "float16"), GPU_SHAPES,
+                                                                    ("default", "one", "split"))))
+def test_gpu_matches_float32_reference(dtype, shape, name):
+    H, G, d = GPU_SHAPES[shape]
+    for B, T, S in ((3, 1, 300), (3, 5, 300), (3, 16, 2048), (2, 1, 2048)):
+        q, k, v = _inputs(T + S + d, B, T, H, S, G, d, dtype)
+        q_pos = _ragged_positions(B, T, S)
+        cfg = CONFIGS[name] or default_config(B, G, H // G, d)
+        rows = packed_rows(H // G, cfg.block_m)
+        _poison((B, T, H, d), (B, G, rows, d), (B, G, split_geometry(S, cfg)[0], rows, d))
+        o = decode_attention(q, k, v, q_pos, config=cfg)
+        _check_close(q, k, v, q_pos, o, tol=1e-2 if dtype == "bfloat16" else 2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,name,T", list(itertools.product(("smollm2", "llama3-8b"), CONFIGS, (3, 9, 16))))
+def test_gpu_t1_equals_verify_row_bitwise(shape, name, T):
+    H, G, d = GPU_SHAPES[shape]
+    B, S = 3, 1024
+    q, k, v = _inputs(T, B, T, H, S, G, d, "bfloat16")
+    q_pos = jnp.asarray([[60], [120], [S - T]], jnp.int32) + jnp.arange(T, dtype=jnp.int32)[None]
+    _assert_t1_equals_verify_rows(q, k, v, q_pos, lambda *a: decode_attention(*a, config=CONFIGS[name]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", ("smollm2", "llama3-8b"))
+def test_gpu_output_independent_of_cache_capacity(shape):
+    """Default config (128-key splits): 100 slots (one split, no combine), 1000 and 2048 slots."""
+    H, G, d = GPU_SHAPES[shape]
+    q, k, v = _inputs(12, 2, 9, H, 2048, G, d, "bfloat16")
+    q_pos = jnp.asarray([[50], [90]], jnp.int32) + jnp.arange(9, dtype=jnp.int32)[None]
+    run = lambda S: np.asarray(decode_attention(q, k[:, :S], v[:, :S], q_pos))
+    ref = run(100)
+    np.testing.assert_array_equal(run(1000), ref)
+    np.testing.assert_array_equal(run(2048), ref)
+
+
+@pytest.mark.gpu
+def test_gpu_model_forward_kernels_vs_reference(monkeypatch):
+    """A tiny random bf16 model: prefill (FA3), decode T=1 and verify T=5 (decode kernel) with the
+    kernels on, against SPECJAX_ATTENTION=reference: close logits."""
+    from specjax import cache as kv, config, model
+    cfg = config.tiny(d_model=384, n_heads=6, n_kv_heads=2, ffn_dim=512, vocab_size=512)
+    params = model.init_params(cfg, jax.random.key(0), dtype=jnp.bfloat16)
+    toks = jax.random.randint(jax.random.key(1), (2, 46), 3, cfg.vocab_size)
+    steps = (toks[:, :40], toks[:, 40:41], toks[:, 41:46])
+
+    def run():
+        cache, out = kv.init_cache(cfg, 2, 256, jnp.bfloat16), []
+        for t in steps:
+            logits, _, cache = model.forward(params, cfg, t, cache)
+            out.append(np.asarray(logits))
+        return out
+
+    text = str(jax.make_jaxpr(lambda t, c: model.forward(params, cfg, t, c)[0])(
+        steps[1], kv.init_cache(cfg, 2, 256, jnp.bfloat16)))
+    assert "decode_attention" in text, "the decode step did not dispatch to the decode kernel"
+    got = run()
+    monkeypatch.setenv("SPECJAX_ATTENTION", "reference")
+    ref = run()
+    for g, r in zip(got, ref):
+        assert np.linalg.norm(g - r) / np.linalg.norm(r) < 1e-2
