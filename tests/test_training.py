@@ -212,6 +212,19 @@ def test_templated_instructions_are_distinct_reproducible_and_varied():
     assert len({t.split()[0] for t in a}) >= 15  # many request kinds, not one template
 
 
+def test_a_resumed_stage_keeps_its_earlier_training_record():
+    from training.loop import TrainResult
+    from training.train_smollm2 import continued_record
+    prev = {"steps": 3, "train_seconds": 10.0, "final": {"step": 3}, "history": [{"step": s} for s in (1, 2, 3)]}
+    more = TrainResult(params={}, history=[{"step": s} for s in (4, 5, 6)], start_step=3, end_step=6)
+    rec = continued_record(prev, more, 5.0)
+    assert rec["train_seconds"] == 15.0 and rec["final"] == {"step": 6} and [h["step"] for h in rec["history"]] == [
+        1, 2, 3, 4, 5, 6]
+    done = TrainResult(params={}, history=[], start_step=3, end_step=3)  # complete already: 0 steps run
+    assert continued_record(prev, done, 2.5) == {"train_seconds": 10.0, "final": {"step": 3}, "history": prev["history"]}
+    assert continued_record(None, more, 5.0) == {} and continued_record(prev, TrainResult({}, [], 0, 6), 5.0) == {}
+
+
 def test_train_smollm2_script_runs_end_to_end_on_a_tiny_target(tmp_path):
     """Corpus -> EAGLE-3, Medusa, distilled draft -> export -> tau through the speculative loop (whose greedy
     output must equal AR greedy, in fp32, for all three, decoding from the exported files) -> cards, bundle."""

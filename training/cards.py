@@ -16,8 +16,8 @@ _WHAT = {
                "(config `specjax_shared_lm_head`; export with lm_head='materialize' for the Medusa repository)."),
     "medusa-own": ("Medusa-1 heads with their own LM heads", "as the shipped Medusa heads, but each head has its own "
                    "LM head (initialised from the target's): the Medusa repository's layout; measured, not shipped."),
-    "draft": ("distilled draft model", "a small Llama at the target's width started from evenly spaced target "
-              "layers, distilled with soft cross-entropy; embedding/LM head shared with the target "
+    "draft": ("distilled draft model", "a small Llama at the target's width started as the target's first "
+              "layers (an early exit), distilled with soft cross-entropy; embedding/LM head shared with the target "
               "(`specjax_shared_embeddings`: load with specjax.heads.draft_io.load_draft_model)."),
 }
 
@@ -55,8 +55,10 @@ def card(kind: str, rec: dict, results: dict) -> str:
         f"# {title} for {results['target']}", "", what, "",
         "## Data",
         f"Self-distilled, no dataset download: {c.get('num_chat_prompts')} Magpie-style chat prompts sampled by the "
-        f"target from its user-turn prefix + {c.get('num_code_prompts')} code prompts (signature + docstring of "
-        f"Python standard-library functions), answered by the target at temperatures "
+        f"target from its user-turn prefix + {c.get('num_templated_prompts', 0)} templated instructions "
+        f"(training/instructions.py) + {c.get('num_code_prompts')} code prompts (signature + docstring of "
+        f"Python standard-library functions, as a chat request) + {c.get('num_raw_code_prompts', 0)} such stubs "
+        f"continued as plain text, answered by the target at temperatures "
         f"{c.get('spec', {}).get('temperatures')}: {c.get('num_examples')} examples, {c.get('response_tokens')} "
         f"response tokens. MT-bench/HumanEval overlap check ({ov.get('method')}, {ov.get('num_eval_texts')} eval "
         f"texts, checked={ov.get('checked')}): dropped {ov.get('dropped_prompts')} prompts, "

@@ -109,6 +109,16 @@ def train_and_export(kind: str, preset: Preset, tp: dict, cfg, ds, out: Path, se
     return DraftModel(dcfg), draft_io.load_draft_model(folder, tp, dtype)[1], res, tc
 
 
+def continued_record(prev: dict | None, res, train_s: float) -> dict:
+    """Training fields of a stage resumed from its checkpoint: the earlier invocation's time and history
+    carried over (a stage already complete trains 0 steps here and keeps its earlier record)."""
+    if not prev or res.start_step == 0 or prev.get("steps") != res.start_step:
+        return {}
+    history = prev.get("history", []) + res.history[:: max(1, len(res.history) // 50)]
+    return {"train_seconds": round(prev.get("train_seconds", 0.0) + (train_s if res.history else 0.0), 1),
+            "final": res.history[-1] if res.history else prev.get("final"), "history": history}
+
+
 EVAL_RESERVE_S = 75  # export + tau check of one stage, kept free inside --time-budget
 
 
@@ -125,8 +135,9 @@ def run(preset: Preset, out: Path, *, ship: bool, model_path: str | None = None,
     ds, manifest = build_corpus(tp, cfg, tok, preset.corpus, out / "corpus", eval_texts_or_none(preset), log=log)
     sets, set_name = eval_sets(preset, tok, cfg)
     reference = evaluate.ReferenceOutputs()
+    earlier = json.loads((out / "results.json").read_text())["artifacts"] if (out / "results.json").is_file() else {}
     results = {"preset": dataclasses.asdict(preset), "target": target_name, "hardware": hardware,
-               "corpus": manifest["meta"], "eval_set": set_name, "artifacts": {}}
+               "corpus": manifest["meta"], "eval_set": set_name, "artifacts": dict(earlier)}
     for kind in only:
         t0 = time.perf_counter()
         left = None if time_budget is None else time_budget - (t0 - t_start) - EVAL_RESERVE_S
@@ -137,15 +148,16 @@ def run(preset: Preset, out: Path, *, ship: bool, model_path: str | None = None,
         drafter, dp, res, tc = train_and_export(kind, preset, tp, cfg, ds, out, left)
         train_s = time.perf_counter() - t0
         log(f"{kind}: tau on {set_name}")
-        k = min(preset.num_draft, drafter.max_draft or preset.num_draft)
-        tau = evaluate.tau(tp, cfg, drafter, dp, sets, num_draft=k, max_new_tokens=preset.eval_max_new,
+        kd = min(preset.num_draft, drafter.max_draft or preset.num_draft)
+        tau = evaluate.tau(tp, cfg, drafter, dp, sets, num_draft=kd, max_new_tokens=preset.eval_max_new,
                            reference=reference)
         folder = out / "export" / kind
         rec = {"train_seconds": round(train_s, 1), "steps": res.end_step, "planned_steps": tc.steps,
                "batch_size": tc.batch_size, "lr": tc.lr, "seq_len": ds.seq_len,
                "final": res.history[-1] if res.history else None,
-               "history": res.history[:: max(1, len(res.history) // 50)], "tau": tau, "num_draft": k,
+               "history": res.history[:: max(1, len(res.history) // 50)], "tau": tau, "num_draft": kd,
                "size_bytes": sum(f.stat().st_size for f in folder.iterdir())}
+        rec |= continued_record(earlier.get(kind), res, train_s)
         results["artifacts"][kind] = rec
         atomic_write_text(folder / "CARD.md", cards.card(kind, rec, results))
         log(f"{kind}: done in {time.perf_counter() - t0:.0f}s; tau "
