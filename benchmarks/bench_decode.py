@@ -121,8 +121,8 @@ def main():
         md += (f"\nMT-bench greedy, {g['prompts']} prompts x {g['max_new_tokens']} tokens, B=1: specjax "
                f"{g['specjax_tokens_per_s']:.1f} tok/s, HF transformers {g['hf_tokens_per_s']:.1f} tok/s "
                f"({g['speedup_vs_hf']:.2f}x)\n")
-    compute = "" if args.compute == "param" else "_f32compute"
-    common.write_results(f"decode_{res['device']}_{res['date']}{compute}{args.tag}", res, md)
+    name = f"decode_{res['device']}_{res['date']}{common.compute_suffix(args.compute)}{args.tag}"
+    common.write_results(name, res, md)
     print(md)
 
 

@@ -86,8 +86,7 @@ def save(res: dict, args) -> None:
 
 
 def result_name(res: dict, args) -> str:
-    compute = "" if args.compute == "param" else "_f32compute"
-    return f"spec_{args.dataset}_{res['device']}_{res['date']}{compute}{args.tag}"
+    return f"spec_{args.dataset}_{res['device']}_{res['date']}{common.compute_suffix(args.compute)}{args.tag}"
 
 
 def main():

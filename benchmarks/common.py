@@ -54,6 +54,11 @@ def copy_bandwidth(gib: float = 4.0) -> dict:
     return {"copy": copy, "read": read, "best": max(copy, read)}
 
 
+def compute_suffix(compute_dtype: str) -> str:
+    """Results-file suffix naming the matmul operand mode (``ModelConfig.compute_dtype``)."""
+    return "" if compute_dtype == "param" else "_f32compute"
+
+
 def write_results(name: str, payload: dict, table_md: str) -> Path:
     """Write results/<name>.json and .md atomically (never a half-written file)."""
     for suffix, text in ((".json", json.dumps(payload, indent=1)), (".md", table_md)):

@@ -99,11 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="weights and KV cache dtype")
+                   help="weights dtype (and the KV cache's, unless --compute float32)")
     g.add_argument("--compute", choices=COMPUTE_DTYPES, default="param",
                    help="matmul operand dtype. 'param' (default): the weight dtype (--dtype), fastest. "
                         "'float32': weights stay --dtype in memory but every matmul and the attention "
-                        "take float32 operands (weights upcast in the product, full float32 precision, "
+                        "take float32 operands and the KV cache is float32 (weights upcast in the product, "
+                        "full float32 precision, "
                         "no TF32), so with bfloat16 a speculative greedy run keeps the autoregressive "
                         "tokens far more often; slower. With --dtype float32 it only forces full-precision matmuls")
     g.add_argument("--method", default="ar", help=f"one of {', '.join(METHODS)}")

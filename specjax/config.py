@@ -44,9 +44,9 @@ class ModelConfig:
       ``"param"``   (default) operands in the weight dtype: with bf16 weights the float32 activations
                     are rounded to bf16 before each matmul and run as bf16 matmuls (fastest).
       ``"float32"`` float32 operands: the stored weights keep their dtype (same params, same memory)
-                    and are upcast inside each product, at ``Precision.HIGHEST`` (no TF32); the
-                    reference attention keeps q, scores and probabilities in float32 (K/V upcast
-                    from the cache), and the bf16 Pallas attention kernels are not used. A verify
+                    and are upcast inside each product, at ``Precision.HIGHEST`` (no TF32); the KV
+                    cache is float32 (``cache.init_cache``) and the reference attention keeps q,
+                    scores and probabilities in float32; the bf16 Pallas attention kernels are not used. A verify
                     forward (K+1 tokens) and a decode step (1 token) then differ only by float32
                     rounding, so bf16 greedy speculative output keeps AR's tokens far more often.
                     Slower (float32 matmuls). With float32 weights the same as "param" up to matmul

@@ -101,6 +101,12 @@ class Drafter:
         return state
 
 
+def row_at(x_BTD: jax.Array, i_B: jax.Array) -> jax.Array:
+    """Row ``i_B[b]`` of each sequence's ``[T, D]`` block -> ``[B, D]`` (e.g. the hidden state of the
+    last accepted token)."""
+    return jnp.take_along_axis(x_BTD, i_B[:, None, None], axis=1)[:, 0]
+
+
 def draw(key: jax.Array, logits_BV: jax.Array, sp: SamplingParams, greedy: bool) -> tuple[jax.Array, jax.Array | None]:
     """Sample a draft token and return the distribution q it was drawn from ([B], [B, V]).
 

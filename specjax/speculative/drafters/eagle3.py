@@ -20,15 +20,11 @@ import jax.numpy as jnp
 
 from specjax import cache as kv
 from specjax.heads import eagle3
-from specjax.speculative.drafters.base import Context, Drafter, Prefill, Proposal, Verified, draw
+from specjax.speculative.drafters.base import Context, Drafter, Prefill, Proposal, Verified, draw, row_at
 
 
 def shape_of(cfg) -> tuple:
     return cfg.vocab_size, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.rope_theta
-
-
-def _at(x_BTD: jax.Array, i_B: jax.Array) -> jax.Array:
-    return jnp.take_along_axis(x_BTD, i_B[:, None, None], axis=1)[:, 0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +60,7 @@ class Eagle3(Drafter):
         # row s reads x_{s+1}; T may equal S, and rows >= the prompt length are overwritten later anyway
         rows_BT = jnp.pad(pre.history_BS[:, 1:], ((0, 0), (0, 1)))[:, :T]
         h_BTD, cache = eagle3.step(dp["params"], self.cfg, tp["embed"], rows_BT, g_BTD, cache)
-        return {"cache": kv.set_lengths(cache, pre.lengths_B), "h_BD": _at(h_BTD, pre.lengths_B - 1)}
+        return {"cache": kv.set_lengths(cache, pre.lengths_B), "h_BD": row_at(h_BTD, pre.lengths_B - 1)}
 
     def propose(self, tp, dp, state, ctx: Context, target_cache, cfg):
         K, V = ctx.num_draft, cfg.vocab_size
@@ -94,5 +90,5 @@ class Eagle3(Drafter):
         g_BTD = eagle3.fuse(dp["params"], ver.taps)
         h_BTD, cache = eagle3.step(dp["params"], self.cfg, tp["embed"], rows_BK1, g_BTD, cache)
         live_B1 = (n_B > 0)[:, None]
-        h_BD = jnp.where(live_B1, _at(h_BTD, jnp.maximum(n_B - 1, 0)), state["h_BD"])
+        h_BD = jnp.where(live_B1, row_at(h_BTD, jnp.maximum(n_B - 1, 0)), state["h_BD"])
         return {"cache": kv.set_lengths(cache, ver.lengths_B), "h_BD": h_BD}

@@ -17,11 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.heads import medusa
-from specjax.speculative.drafters.base import Context, Drafter, Prefill, Proposal, Verified, draw
-
-
-def _at(x_BTD: jax.Array, i_B: jax.Array) -> jax.Array:
-    return jnp.take_along_axis(x_BTD, i_B[:, None, None], axis=1)[:, 0]
+from specjax.speculative.drafters.base import Context, Drafter, Prefill, Proposal, Verified, draw, row_at
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +43,7 @@ class Medusa(Drafter):
             raise ValueError(f"Medusa draft params must be the heads' params with {self.cfg.num_heads} heads")
 
     def init(self, tp, dp, pre: Prefill, cfg):
-        return _at(pre.taps[0], pre.lengths_B - 1)
+        return row_at(pre.taps[0], pre.lengths_B - 1)
 
     def propose(self, tp, dp, h_BD, ctx: Context, target_cache, cfg):
         K = ctx.num_draft
@@ -60,4 +56,4 @@ class Medusa(Drafter):
 
     def update(self, tp, dp, h_BD, ver: Verified):
         n_B = ver.num_new_B
-        return jnp.where((n_B > 0)[:, None], _at(ver.taps[0], jnp.maximum(n_B - 1, 0)), h_BD)
+        return jnp.where((n_B > 0)[:, None], row_at(ver.taps[0], jnp.maximum(n_B - 1, 0)), h_BD)
