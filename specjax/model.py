@@ -16,12 +16,13 @@ LM head): "param" (the weight dtype) or "float32" (weights upcast inside the pro
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 
-from specjax import attention
+from specjax import attention, fused
 from specjax import cache as kv
 from specjax.config import ModelConfig
 from specjax.layers import apply_rope, linear, rms_norm, rope_tables, swiglu
@@ -106,28 +107,35 @@ def forward(params: dict, cfg: ModelConfig, tokens_BT: jax.Array, cache: kv.KVCa
     for i in taps:
         if not 0 <= i <= cfg.n_layers:
             raise ValueError(f"tap {i} out of range [0, {cfg.n_layers}]")
+    cached = cache is not None
     if cache is None:
         cache = kv.init_cache(cfg, B, T, params["embed"].dtype, n_layers=L)
     start_B = cache.lengths_B
     q_pos_BT = start_B[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
     cos, sin = rope_tables(cfg, q_pos_BT)
     x_BTD = embed(params, tokens_BT)
+    path = fused.mode(cfg, B * T, params["embed"].dtype) if cached else None  # decode / verify fast path
+    layer = decoder_layer if path is None else functools.partial(fused.decoder_layer,
+                                                                 interpret=path == "interpret")
     tapped = {}
     new_k, new_v = list(cache.k), list(cache.v)
     for i in range(L):
         if i in taps:
             tapped[i] = x_BTD
-        x_BTD, new_k[i], new_v[i] = decoder_layer(params["layers"][i], cfg, x_BTD, cos, sin, q_pos_BT,
-                                                  cache.k[i], cache.v[i], start_B)
+        x_BTD, new_k[i], new_v[i] = layer(params["layers"][i], cfg, x_BTD, cos, sin, q_pos_BT,
+                                          cache.k[i], cache.v[i], start_B)
     if L < cfg.n_layers and L in taps:  # early exit: the input of layer L (= output of the last layer run)
         tapped[L] = x_BTD
-    h_BTD = rms_norm(x_BTD, params["final_norm"], cfg.norm_eps)
     if L == cfg.n_layers and cfg.n_layers in taps:
-        tapped[cfg.n_layers] = h_BTD
+        tapped[cfg.n_layers] = rms_norm(x_BTD, params["final_norm"], cfg.norm_eps)
     logits = None
     if compute_logits:
         if logits_index_BN is not None:
-            h_BTD = jnp.take_along_axis(h_BTD, logits_index_BN[:, :, None], axis=1)
-        logits = lm_head(params, cfg, h_BTD)
+            x_BTD = jnp.take_along_axis(x_BTD, logits_index_BN[:, :, None], axis=1)
+        rows = x_BTD.shape[0] * x_BTD.shape[1]
+        if path is not None and fused.mode(cfg, rows, params["embed"].dtype) == path:
+            logits = fused.lm_head(params, cfg, x_BTD, interpret=path == "interpret")
+        else:
+            logits = lm_head(params, cfg, rms_norm(x_BTD, params["final_norm"], cfg.norm_eps))
     new_cache = kv.KVCache(k=tuple(new_k), v=tuple(new_v), lengths_B=start_B + T)
     return logits, tuple(tapped[i] for i in taps), new_cache
