@@ -241,6 +241,9 @@ def norm_qkv_rope(x_MI, g_I, w_NI, b_N, cos_Md, sin_Md, pos_M, k_BSGd, v_BSGd, *
                   config: TuningConfig | None = None, interpret: bool = False):
     """q/k/v projection of ``rms_norm(x, g)`` (+ ``b_N`` unless None) with RoPE on q and k.
 
+    ``cos_Md`` / ``sin_Md`` are HF rotate-half tables (``layers.rope_tables``: both halves equal; the
+    kernel reads the first half only).
+
     Rows are ``m = b * T + t`` (B = k_BSGd.shape[0] sequences, T = M / B). Returns ``(q_MQ, k, v)``: q
     float32 [M, n_heads * d] rotated; the caches with row m's k and v written at slot ``pos_M[m]`` of
     sequence b (in place when the caller's caches can be donated, as in the decode loop)."""

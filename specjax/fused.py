@@ -4,7 +4,8 @@ OFF by default: on an H200 it is slower than XLA's own kernels (benchmarks/NOTES
 shape B=1 0.836 vs 0.786 ms/token, and 2-5x slower per kernel at 8 rows, i.e. in a K=7 verify).
 What it offers is exactness: turned on with ``SPECJAX_FUSED=1``, a verify forward gives bitwise the
 logits of decode steps over the same tokens (below), so bf16 greedy speculative decoding repeats
-greedy AR decoding token for token (``compute_dtype="float32"`` is the faster way to near-identity).
+greedy AR decoding token for token (``compute_dtype="float32"`` is the other way, the one measured on
+the MT-bench and HumanEval sets: README).
 
 ``model.forward`` takes this path when ``mode`` says so: ``SPECJAX_FUSED=1`` and a GPU backend,
 ``compute_dtype="param"``, a KV cache, and at most ``skinny_linear.MAX_ROWS`` rows (B * T). Prefill
@@ -45,6 +46,8 @@ def mode(cfg: ModelConfig, rows: int, weight_dtype) -> str | None:
     except ImportError:
         return None
     env = os.environ.get("SPECJAX_FUSED", "0")
+    if env not in ("0", "1", "interpret"):
+        raise ValueError(f"SPECJAX_FUSED={env!r}: expected 0 (off, default), 1 (on, GPU) or interpret")
     bn = sl.TuningConfig().block_n
     fits = (cfg.compute_dtype == "param" and 1 <= rows <= sl.MAX_ROWS
             and jnp.dtype(weight_dtype) in (jnp.bfloat16, jnp.float16, jnp.float32)

@@ -99,6 +99,7 @@ def forward(params: dict, cfg: ModelConfig, tokens_BT: jax.Array, cache: kv.KVCa
       cache   with the new K/V written and lengths advanced by T (callers roll back as needed).
     ``cache=None`` runs a plain causal forward over the T tokens (training / scoring).
     ``num_layers`` runs only the first N layers (self-speculative early exit), then norm + head.
+    With ``SPECJAX_FUSED=1`` on a GPU, cached forwards of B * T <= 16 rows run through ``fused.py``.
     """
     B, T = tokens_BT.shape
     L = cfg.n_layers if num_layers is None else num_layers

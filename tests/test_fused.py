@@ -154,6 +154,9 @@ def test_mode_routing(monkeypatch):
         assert fused.mode(cfg, 1, jnp.bfloat16) is None
     monkeypatch.setenv("SPECJAX_FUSED", "interpret")
     assert fused.mode(cfg, 1, jnp.bfloat16) == "interpret"
+    monkeypatch.setenv("SPECJAX_FUSED", "yes")
+    with pytest.raises(ValueError, match="expected 0 .off, default., 1 .on, GPU. or interpret"):
+        fused.mode(cfg, 1, jnp.bfloat16)
 
 
 # ---------------------------------------------------------------- CPU: lowering for CUDA
