@@ -12,14 +12,7 @@ OUT=${OUT:-/tmp/decode_kernel_out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
-step() {  # step NAME SECONDS TAIL_LINES CMD...
-  local name=$1 limit=$2 lines=$3; shift 3
-  local t0=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
-  local rc=$?
-  echo "== $name: rc=$rc, $((SECONDS - t0)) s (rc 124 = timed out after ${limit} s)"
-  grep -v -i "deprecat" "$OUT/$name.txt" | tail -n "$lines"
-}
+source benchmarks/device_lib.sh  # step
 
 step gpu_tests 170 15 python3 -m pytest -m gpu tests/test_decode_attention.py -q -rfEs -p no:cacheprovider
 step kernel_bench 90 20 python3 pallas_kernels/decode_attention.py

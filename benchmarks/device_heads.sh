@@ -13,8 +13,7 @@ set -euo pipefail
 [ -f .carry/h/head.tgz ] && tar xzf .carry/h/head.tgz
 export SPECJAX_HOME=/root/sj JAX_COMPILATION_CACHE_DIR=/root/jaxcache PYTHONPATH=.:benchmarks:/tmp/site
 OUT=${OUT:-/tmp/out}
-install_whl() { [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-  --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2 || true; }
+source benchmarks/device_lib.sh  # install_whl
 stage_gguf() {
   mkdir -p $SPECJAX_HOME/models $SPECJAX_HOME/data
   [ -f $SPECJAX_HOME/models/smollm2-135m-instruct.gguf ] || {

@@ -9,8 +9,7 @@
 set -uo pipefail
 export SPECJAX_HOME=/root/sj JAX_COMPILATION_CACHE_DIR=/root/jaxcache PYTHONPATH=.:benchmarks:/tmp/site
 OUT=${OUT:-/tmp/out}; G=$SPECJAX_HOME/models/smollm2-135m-instruct.gguf; P=/root/sj/prompt_ids.json
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  > /dev/null 2>&1
+source benchmarks/device_lib.sh && install_whl > /dev/null
 spec() {  # spec DATASET METHODS TAG [extra flags]
   timeout 280 python3 benchmarks/bench_speculative.py --gguf $G --prompts $P --dataset "$1" --methods "$2" \
     --tag "$3" "${@:4}" 2>&1 | grep -E "^\| (ar|ngram|draft|eagle3|medusa) |Error|error" | tail -6; }

@@ -8,23 +8,13 @@
 #   4. a profile of the SmolLM2-shape B=1 decode step with the fused path (kernels per step)
 # All logs go to $OUT/fused_gpu_log.txt (results files are copied to $OUT by the scripts).
 set -uo pipefail
-pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tail -1   # gguf (carried wheel)
+source benchmarks/device_lib.sh  # install_whl, step
+install_whl                      # gguf (carried wheel)
 export PYTHONPATH=.:benchmarks:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
 OUT=${OUT:-/tmp/fused_out}
 mkdir -p "$OUT"
-LOG=$OUT/fused_gpu_log.txt
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$LOG"
-
-step() {  # step NAME SECONDS TAIL_LINES CMD...
-  local name=$1 limit=$2 lines=$3; shift 3
-  local t0=$SECONDS
-  echo "== $name: $*" >> "$LOG"
-  timeout "$limit" "$@" > /tmp/step.txt 2>&1
-  local rc=$?
-  grep -v -i "deprecat" /tmp/step.txt >> "$LOG"
-  echo "== $name: rc=$rc, $((SECONDS - t0)) s (rc 124 = timed out after ${limit} s)" | tee -a "$LOG"
-  grep -v -i "deprecat" /tmp/step.txt | tail -n "$lines"
-}
+STEP_LOG=$OUT/fused_gpu_log.txt
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$STEP_LOG"
 
 step gpu_tests 150 8 python3 -m pytest -m gpu tests/test_fused.py -q -rfEs \
   -p no:cacheprovider

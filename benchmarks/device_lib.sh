@@ -1,0 +1,28 @@
+# Sourced (from the repo root) by the device-call scripts: decode_kernel_gpu.sh, fused_gpu.sh,
+# device_heads.sh, device_identity.sh. The two helpers they share.
+
+# The carried pure-Python wheels (.whl/, e.g. gguf) into /tmp/site, which the scripts put on PYTHONPATH.
+install_whl() {
+  [ -d .whl ] || return 0
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl 2>&1 | tail -2 || true  # never stops a `set -e` script
+}
+
+# step NAME SECONDS TAIL_LINES CMD...: run CMD under a time limit, print a status line and the tail of its
+# output (JAX's deprecation warnings left out). The whole output goes to $OUT/NAME.txt, or, when STEP_LOG
+# names a file, is appended to it with the command and the status (one file: $OUT hands back 8 at most).
+# A failing or timed-out step does not stop the next one.
+step() {
+  local name=$1 limit=$2 lines=$3; shift 3
+  local t0=$SECONDS raw=/tmp/step_$name.txt
+  timeout "$limit" "$@" > "$raw" 2>&1
+  local rc=$?
+  local status="== $name: rc=$rc, $((SECONDS - t0)) s (rc 124 = timed out after ${limit} s)"
+  if [ -n "${STEP_LOG:-}" ]; then
+    { echo "== $name: $*"; grep -v -i "deprecat" "$raw"; echo "$status"; } >> "$STEP_LOG"
+  else
+    cp "$raw" "$OUT/$name.txt"
+  fi
+  echo "$status"
+  grep -v -i "deprecat" "$raw" | tail -n "$lines"
+}
