@@ -167,6 +167,10 @@ def test_data_shards_batches_and_draft_vocab(tmp_path, dataset):
     assert sorted(seen.tolist()) == list(range(24))
     assert np.array_equal(dataset.indices(5, 6, seed=3), dataset.indices(5, 6, seed=3))
     assert not np.array_equal(dataset.indices(4, 6, seed=3), dataset.indices(0, 6, seed=3))  # new epoch, new order
+    train_ds, held = dataset.split(5, seed=1)  # a random subset, not the tail; rows stay whole and disjoint
+    rows = lambda d: {tuple(r) for r in np.concatenate([d.tokens_NT, d.weight_NT], 1).tolist()}
+    assert len(train_ds) == 19 and len(held) == 5 and rows(train_ds) | rows(held) == rows(dataset)
+    assert not rows(train_ds) & rows(held) and rows(held) != rows(dataset.split(5)[1])
     ds = data.pack_examples([([1, 2, 3], [4, 5, 6, 7])], 6)
     assert ds.tokens_NT.tolist() == [[1, 2, 3, 4, 5, 6]] and ds.weight_NT.tolist() == [[0, 0, 1, 1, 1, 0]]
     counts = np.array([5, 0, 9, 9, 1])
@@ -237,6 +241,8 @@ def test_train_smollm2_script_runs_end_to_end_on_a_tiny_target(tmp_path):
         assert art["tau"]["greedy_equals_ar"] is True, kind
         assert art["tau"]["all"]["num_cycles"] > 0 and 1.0 <= art["tau"]["all"]["mean_accepted"] <= 4.0
         assert art["steps"] == 6 and len(art["history"]) == 6
+        held = art["heldout"]  # scored on corpus rows the stage never trained on
+        assert held["rows"] == 4 and np.isfinite(held["loss"]) and all(0 <= a <= 1 for a in held["acc_k"])
         assert "tau" in (tmp_path / "run" / "export" / kind / "CARD.md").read_text()
     assert res["corpus"]["num_examples"] > 0 and res["corpus"]["eval_overlap"]["dropped_examples"] >= 0
     parts = sorted((tmp_path / "b").glob("shipped.tar.part*"))

@@ -45,6 +45,13 @@ def _use(kind: str, num_draft: int) -> list[str]:
             f"num_draft={num_draft})", "```", ""]
 
 
+def _heldout_line(h: dict | None) -> str:
+    if not h:
+        return ""
+    return (f" On {h['rows']} held-out corpus rows (never trained on): loss {h['loss']:.3f}, acceptance proxy "
+            + ", ".join(f"{a:.2f}" for a in h["acc_k"]) + ".")
+
+
 def card(kind: str, rec: dict, results: dict) -> str:
     title, what = _WHAT[kind]
     what = what.format(ttt=results["preset"].get("ttt_steps"))
@@ -68,7 +75,7 @@ def card(kind: str, rec: dict, results: dict) -> str:
         f"{rec['seq_len']} tokens, AdamW lr {rec['lr']} (warmup + cosine, global-norm clipping), fp32 master weights, "
         f"{results['preset']['dtype']} compute, {rec['train_seconds']} s on {results['hardware']}. Final loss "
         f"{final.get('loss', float('nan')):.3f}; acceptance proxy per offset (head argmax == target argmax): "
-        f"{acc}.", "",
+        f"{acc}.{_heldout_line(rec.get('heldout'))}", "",
         f"## tau (greedy, K={rec['num_draft']}, through specjax's speculative loop, eval set {results['eval_set']})",
         "| set | prompts | tau (mean accepted length) | acceptance per position |", "| --- | --- | --- | --- |",
         *_tau_lines(rec["tau"]), "",

@@ -56,13 +56,16 @@ class TokenDataset:
         idx = self.indices(step, batch_size, seed)
         return {"tokens": self.tokens_NT[idx].astype(np.int32), "weight": self.weight_NT[idx].astype(np.float32)}
 
-    def split(self, n_heldout: int) -> tuple["TokenDataset", "TokenDataset"]:
-        """(train, heldout): the last ``n_heldout`` rows are held out."""
+    def split(self, n_heldout: int, seed: int | None = None) -> tuple["TokenDataset", "TokenDataset"]:
+        """(train, heldout): the last ``n_heldout`` rows are held out, or with ``seed`` a random
+        subset of rows (rows are stored grouped by kind and prompt length, so the tail is no sample)."""
         if not 0 < n_heldout < len(self):
             raise ValueError(f"n_heldout must be in [1, {len(self) - 1}], got {n_heldout}")
         k = len(self) - n_heldout
-        return (TokenDataset(self.tokens_NT[:k], self.weight_NT[:k]),
-                TokenDataset(self.tokens_NT[k:], self.weight_NT[k:]))
+        order = np.arange(len(self)) if seed is None else np.random.default_rng(seed).permutation(len(self))
+        keep, held = np.sort(order[:k]), np.sort(order[k:])
+        return (TokenDataset(self.tokens_NT[keep], self.weight_NT[keep]),
+                TokenDataset(self.tokens_NT[held], self.weight_NT[held]))
 
 
 def pack_examples(examples: list[tuple[list[int], list[int]]], seq_len: int) -> TokenDataset:

@@ -25,6 +25,7 @@ class Preset:
     eval_max_prompt: int = 512
     eval_max_new: int = 128
     num_draft: int = 4  # K of the tau check (Medusa: at most its head count)
+    heldout_rows: int = 512  # corpus rows kept out of training, scored at the end of each stage
 
 
 def _tc(steps, batch, lr, warmup, dtype, log_every=25, ckpt_every=500, clip=0.5, max_seconds=None):
@@ -37,9 +38,9 @@ PRESETS = {
     # EAGLE-3, Medusa and the draft model in the second (a stage cut by its cap resumes from its checkpoint).
     "h100": Preset(
         target="smollm2", dtype="bfloat16",
-        corpus=CorpusSpec(n_chat=3072, n_code=2048, n_templated=4096, n_code_raw=2048, temperatures=(0.0, 0.7),
+        corpus=CorpusSpec(n_chat=8192, n_code=4096, n_templated=12288, n_code_raw=4096, temperatures=(0.0, 0.7),
                           max_new_tokens=256, max_prompt_tokens=256, seq_len=512, gen_batch=1024),
-        eagle3=_tc(4000, 32, 8e-4, 150, "bfloat16", max_seconds=420),
+        eagle3=_tc(6500, 32, 8e-4, 200, "bfloat16"),
         medusa=_tc(2000, 32, 1e-3, 80, "bfloat16", max_seconds=150),
         draft=_tc(3000, 32, 5e-4, 120, "bfloat16", max_seconds=150),
         eval_max_new=128, num_draft=7),
@@ -52,7 +53,7 @@ PRESETS = {
         eagle3=_tc(4, 2, 1e-3, 1, "float32", log_every=1, ckpt_every=2),
         medusa=_tc(4, 2, 1e-3, 1, "float32", log_every=1, ckpt_every=2),
         draft=_tc(4, 2, 1e-3, 1, "float32", log_every=1, ckpt_every=2),
-        eval_mtbench=2, eval_humaneval=2, eval_max_prompt=256, eval_max_new=16, num_draft=3),
+        eval_mtbench=2, eval_humaneval=2, eval_max_prompt=256, eval_max_new=16, num_draft=3, heldout_rows=4),
     # A random tiny target and a byte tokenizer: everything end to end in well under a minute (tests).
     "cpu-tiny": Preset(
         target="tiny", dtype="float32",
@@ -62,5 +63,5 @@ PRESETS = {
         medusa=_tc(6, 4, 3e-3, 1, "float32", log_every=1, ckpt_every=3),
         draft=_tc(6, 4, 3e-3, 1, "float32", log_every=1, ckpt_every=3),
         draft_vocab=64, ttt_steps=3, medusa_heads=3, eval_mtbench=2, eval_humaneval=2, eval_max_prompt=1024,
-        eval_max_new=16, num_draft=3),
+        eval_max_new=16, num_draft=3, heldout_rows=4),
 }

@@ -18,7 +18,7 @@ from training.loop import TrainConfig, train
 
 
 def train_eagle3(tp: dict, cfg: ModelConfig, ds: data.TokenDataset, tc: TrainConfig, *, draft_vocab_size: int,
-                 ttt_steps: int = 7, decay: float = 0.8, seed: int = 0):
+                 ttt_steps: int = 7, decay: float = 0.8, seed: int = 0, heldout: data.TokenDataset | None = None):
     """-> (Eagle3Config, params, draft_ids_N, TrainResult). The draft vocabulary is the most frequent
     response tokens of ``ds``. All head weights start random (as in SpecForge): on SmolLM2 that
     trained faster than starting the LM head from the target's rows, whose peaked logits on the
@@ -27,17 +27,17 @@ def train_eagle3(tp: dict, cfg: ModelConfig, ds: data.TokenDataset, tc: TrainCon
     ecfg = eagle3.Eagle3Config(cfg, draft_vocab_size)
     params = eagle3.init_params(ecfg, jax.random.key(seed))
     loss = functools.partial(losses.eagle3_loss, cfg=ecfg, num_steps=ttt_steps, decay=decay)
-    res = train(loss, params, {"target": tp, "draft_ids": ids_N}, ds, tc, desc="eagle3")
+    res = train(loss, params, {"target": tp, "draft_ids": ids_N}, ds, tc, desc="eagle3", heldout=heldout)
     return ecfg, res.params, ids_N, res
 
 
 def train_medusa(tp: dict, cfg: ModelConfig, ds: data.TokenDataset, tc: TrainConfig, *, num_heads: int = 4,
-                 own_lm_head: bool = False, decay: float = 0.8):
+                 own_lm_head: bool = False, decay: float = 0.8, heldout: data.TokenDataset | None = None):
     """-> (MedusaConfig, params, TrainResult). Residual blocks start as the identity."""
     mcfg = medusa.MedusaConfig(cfg, num_heads=num_heads, own_lm_head=own_lm_head)
     params = medusa.init_params(mcfg, tp)
     loss = functools.partial(losses.medusa_loss, cfg=mcfg, decay=decay)
-    res = train(loss, params, {"target": tp}, ds, tc, desc="medusa")
+    res = train(loss, params, {"target": tp}, ds, tc, desc="medusa", heldout=heldout)
     return mcfg, res.params, res
 
 
@@ -57,10 +57,11 @@ def init_draft(tp: dict, cfg: ModelConfig, n_layers: int) -> tuple[ModelConfig, 
     return dcfg, {"layers": layers, "final_norm": tp["final_norm"]}
 
 
-def train_draft(tp: dict, cfg: ModelConfig, ds: data.TokenDataset, tc: TrainConfig, *, n_layers: int = 2):
+def train_draft(tp: dict, cfg: ModelConfig, ds: data.TokenDataset, tc: TrainConfig, *, n_layers: int = 2,
+                heldout: data.TokenDataset | None = None):
     """-> (draft ModelConfig, full draft params incl. the shared embedding, TrainResult)."""
     dcfg, params = init_draft(tp, cfg, n_layers)
     shared = shared_of(tp, cfg)
     loss = functools.partial(losses.distill_loss, cfg=dcfg, target_cfg=cfg)
-    res = train(loss, params, {"target": tp, "shared": shared}, ds, tc, desc="draft")
+    res = train(loss, params, {"target": tp, "shared": shared}, ds, tc, desc="draft", heldout=heldout)
     return dcfg, {**jax.tree.map(lambda x: x.astype(jnp.float32), shared), **res.params}, res

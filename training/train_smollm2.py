@@ -82,7 +82,8 @@ def eval_sets(preset: Preset, tok, cfg) -> tuple[dict, str]:
         return {"builtin": chat}, "builtin (assets not fetched)"
 
 
-def train_and_export(kind: str, preset: Preset, tp: dict, cfg, ds, out: Path, seconds_left: float | None = None):
+def train_and_export(kind: str, preset: Preset, tp: dict, cfg, ds, out: Path, seconds_left: float | None = None,
+                     heldout=None):
     """Train one artifact, write it (bf16) to ``out/export/<kind>`` and load it back from there in the
     target's dtype, so tau is measured on the files. -> (drafter, draft_params, TrainResult, TrainConfig).
     ``seconds_left`` tightens the stage's wall-clock cap (it stops with a checkpoint; a rerun resumes)."""
@@ -93,16 +94,16 @@ def train_and_export(kind: str, preset: Preset, tp: dict, cfg, ds, out: Path, se
         tc = dataclasses.replace(tc, max_seconds=min(tc.max_seconds or seconds_left, seconds_left))
     if kind == "eagle3":
         ecfg, params, ids, res = recipes.train_eagle3(tp, cfg, ds, tc, draft_vocab_size=preset.draft_vocab,
-                                                      ttt_steps=preset.ttt_steps)
+                                                      ttt_steps=preset.ttt_steps, heldout=heldout)
         eagle3_io.save_eagle3(folder, bf16(params), ecfg, ids)
         _, params, ids = eagle3_io.load_eagle3(folder, target=cfg, dtype=dtype)
         return Eagle3(ecfg), {"params": params, "draft_ids": ids}, res, tc
     if kind in ("medusa", "medusa-own"):  # medusa-own: one LM head per head (measured, too big to ship)
         mcfg, params, res = recipes.train_medusa(tp, cfg, ds, tc, num_heads=preset.medusa_heads,
-                                                 own_lm_head=kind == "medusa-own")
+                                                 own_lm_head=kind == "medusa-own", heldout=heldout)
         medusa_io.save_medusa(folder, bf16(params), mcfg, base_model=HF_ID)
         return Medusa(mcfg), medusa_io.load_medusa(folder, cfg, dtype=dtype)[1], res, tc
-    dcfg, params, res = recipes.train_draft(tp, cfg, ds, tc, n_layers=preset.draft_layers)
+    dcfg, params, res = recipes.train_draft(tp, cfg, ds, tc, n_layers=preset.draft_layers, heldout=heldout)
     draft_io.save_draft_model(out / "export" / "draft-hf", bf16(params), dcfg, shared_embedding=False)
     draft_io.save_draft_model(folder, bf16(params), dcfg, shared_embedding=True)
     return DraftModel(dcfg), draft_io.load_draft_model(folder, tp, dtype)[1], res, tc
@@ -132,6 +133,7 @@ def run(preset: Preset, out: Path, *, ship: bool, model_path: str | None = None,
     log(f"device: {hardware}; preset target={preset.target} dtype={preset.dtype}")
     cfg, tp, tok, target_name = load_target(preset, model_path)
     ds, manifest = build_corpus(tp, cfg, tok, preset.corpus, out / "corpus", eval_texts_or_none(preset), log=log)
+    ds, heldout = ds.split(preset.heldout_rows, seed=1)  # corpus rows no stage trains on
     sets, set_name = eval_sets(preset, tok, cfg)
     reference = evaluate.ReferenceOutputs()
     earlier = json.loads((out / "results.json").read_text())["artifacts"] if (out / "results.json").is_file() else {}
@@ -144,7 +146,9 @@ def run(preset: Preset, out: Path, *, ship: bool, model_path: str | None = None,
             log(f"{kind}: skipped, {left + EVAL_RESERVE_S:.0f}s of --time-budget left (rerun to continue)")
             continue
         log(f"{kind}: training")
-        drafter, dp, res, tc = train_and_export(kind, preset, tp, cfg, ds, out, left)
+        drafter, dp, res, tc = train_and_export(kind, preset, tp, cfg, ds, out, left, heldout)
+        log(f"{kind}: held-out corpus rows ({res.heldout['rows']}): loss {res.heldout['loss']:.3f}, acc "
+            + " ".join(f"{a:.2f}" for a in res.heldout["acc_k"]))
         train_s = time.perf_counter() - t0
         log(f"{kind}: tau on {set_name}")
         kd = min(preset.num_draft, drafter.max_draft or preset.num_draft)
@@ -153,7 +157,7 @@ def run(preset: Preset, out: Path, *, ship: bool, model_path: str | None = None,
         folder = out / "export" / kind
         rec = {"train_seconds": round(train_s, 1), "steps": res.end_step, "planned_steps": tc.steps,
                "batch_size": tc.batch_size, "lr": tc.lr, "seq_len": ds.seq_len,
-               "final": res.history[-1] if res.history else None,
+               "final": res.history[-1] if res.history else None, "heldout": res.heldout,
                "history": res.history[:: max(1, len(res.history) // 50)], "tau": tau, "num_draft": kd,
                "size_bytes": sum(f.stat().st_size for f in folder.iterdir())}
         rec |= continued_record(earlier.get(kind), res, train_s)
