@@ -3,16 +3,20 @@
 Shapes as in the FlashAttention-3 paper: B*S = 16k tokens, H*hd = 2048, S in 512..16k,
 hd in {64, 128, 256}, causal and not, bf16 and fp16. TFLOPS = 4*B*S*S*H*hd / t (halved when
 causal); t = median of CUPTI-measured GPU time of all kernels the call launches. attention_mgpu
-only takes fp16, so its column is filled on fp16 rows. Writes
-``benchmarks/results/fa3_<device>_<date>.{json,md}`` (or under ``--out``).
+only takes fp16, so its column is filled on fp16 rows. ``specjax`` is the kernel with
+``default_config(hd, S)`` (what the jitted entry picks); ``--variants`` also times both fixed
+variants in the same process: one CTA per tile (``specjax_grid``) and the persistent grid
+(``specjax_persistent``, ``num_ctas`` = the device's SM count). Writes
+``benchmarks/results/fa3_<device>_<date><tag>.{json,md}`` (or under ``--out``). Needs a GPU.
 
-    PYTHONPATH=. python3 benchmarks/bench_fa3.py [--quick] [--out DIR]
+    PYTHONPATH=. python3 benchmarks/bench_fa3.py [--quick] [--variants] [--tag _x] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import dataclasses
 import datetime
 import functools
 import json
@@ -35,14 +39,22 @@ def _mgpu(causal: bool, hd: int):
     return functools.partial(am.attention, config=cfg)
 
 
-def _impls(S: int, hd: int, causal: bool, dtype):
+IMPLS = ("specjax", "specjax_grid", "specjax_persistent", "cudnn", "jax_mgpu")
+
+
+def _impls(S: int, hd: int, causal: bool, dtype, persistent_ctas: int | None):
     B, H = 16384 // S, 2048 // hd
     kend = key_end(B, S, S, causal="top_left" if causal else "none")
+    specjax = lambda cfg: jax.jit(lambda q, k, v: flash_attention_fwd(q, k, v, kend, config=cfg)[0])
     impls = {
-        "specjax": jax.jit(lambda q, k, v: flash_attention_fwd(q, k, v, kend, config=default_config(hd))[0]),
+        "specjax": specjax(default_config(hd, S)),  # what flash_attention_fwd picks for this shape
         "cudnn": jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
                                                                       implementation="cudnn")),
     }
+    if persistent_ctas:  # both fixed variants
+        impls["specjax_grid"] = specjax(default_config(hd))
+        impls["specjax_persistent"] = specjax(
+            dataclasses.replace(default_config(hd), persistent=True, num_ctas=persistent_ctas))
     if dtype == jnp.float16:
         impls["jax_mgpu"] = jax.jit(_mgpu(causal, hd))
     return (B, S, H, hd), impls
@@ -63,8 +75,18 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true", help="hd128, S in {1k, 16k} only")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--tag", default="", help="suffix of the result files' names")
+    ap.add_argument("--variants", action="store_true",
+                    help="also time both fixed variants: one CTA per tile (specjax_grid) and the persistent "
+                         "grid (specjax_persistent); specjax is default_config's choice of the two")
+    ap.add_argument("--num-ctas", type=int, default=None,
+                    help="persistent grid size (default: the device's SM count, else 132)")
     args = ap.parse_args(argv)
     dev = jax.devices()[0]
+    if dev.platform != "gpu":
+        sys.exit(f"bench_fa3.py times CUDA kernels and needs a GPU; JAX runs on {dev.platform}: "
+                 "nothing measured")
+    ctas = (args.num_ctas or getattr(dev, "core_count", None) or 132) if args.variants else None
     seqs = (1024, 16384) if args.quick else (512, 1024, 2048, 4096, 8192, 16384)
     hds = (128,) if args.quick else (64, 128, 256)
     grid = [(S, hd, c, dt) for dt in (jnp.bfloat16, jnp.float16) for hd in hds for c in (False, True)
@@ -72,7 +94,7 @@ def main(argv=None) -> None:
     key = jax.random.key(0)
     jobs = []
     for S, hd, causal, dtype in grid:
-        shape, impls = _impls(S, hd, causal, dtype)
+        shape, impls = _impls(S, hd, causal, dtype, ctas)
         key, *ks = jax.random.split(key, 4)
         qkv = [jax.random.normal(kk, shape, dtype) for kk in ks]
         jobs.append(((S, hd, causal, dtype), shape, impls, qkv))
@@ -82,12 +104,15 @@ def main(argv=None) -> None:
     for (S, hd, causal, dtype), (B, _, H, _), impls, qkv in jobs:
         flops = 4 * B * S * S * H * hd / (2 if causal else 1)
         row = {"S": S, "hd": hd, "causal": causal, "dtype": jnp.dtype(dtype).name}
-        for name in ("specjax", "cudnn", "jax_mgpu"):
+        for name in IMPLS:
+            if name in ("specjax_grid", "specjax_persistent") and not ctas:
+                continue
             ms = _measure(impls[name], qkv, args.iters) if name in impls else None
             row[f"{name}_tflops"] = None if ms is None else round(flops / ms / 1e9, 1)
         print(row, flush=True)
         rows.append(row)
-        _write(rows, dev, args.out, " ".join(["python3", *sys.argv]), quiet=len(rows) < len(jobs))
+        _write(rows, dev, args.out, " ".join(["python3", *sys.argv]), quiet=len(rows) < len(jobs),
+               persistent_ctas=ctas, tag=args.tag)
 
 
 def _try_compile(fn, args):
@@ -97,23 +122,26 @@ def _try_compile(fn, args):
         pass
 
 
-def _write(rows, dev, out_dir, command, quiet=False) -> None:
+def _write(rows, dev, out_dir, command, quiet=False, persistent_ctas=None, tag="") -> None:
     """Rewrites the JSON and markdown table (after every row, so a cut-off run keeps its rows)."""
     name = "h200" if "H200" in dev.device_kind else "h100" if "H100" in dev.device_kind else \
         dev.device_kind.replace(" ", "_").lower()
     date = datetime.date.today().isoformat()
     doc = {"device": dev.device_kind, "jax": jax.__version__, "date": date, "command": command,
-           "rows": rows}
+           "persistent_num_ctas": persistent_ctas, "rows": rows}
     os.makedirs(out_dir, exist_ok=True)
-    base = os.path.join(out_dir, f"fa3_{name}_{date}")
+    base = os.path.join(out_dir, f"fa3_{name}_{date}{tag}")
     fmt = lambda x: "-" if x is None else f"{x:.0f}"
-    md = ["| dtype | hd | causal | S | specjax | cuDNN | attention_mgpu | specjax/cuDNN |",
-          "|---|---|---|---|---|---|---|---|"]
+    ratio = lambda a, b: "-" if not (a and b) else f"{a / b:.2f}"
+    var = persistent_ctas is not None
+    md = ["| dtype | hd | causal | S | specjax |" + (" grid | persistent |" if var else "")
+          + " cuDNN | attention_mgpu | specjax/cuDNN |",
+          "|---|---|---|---|---|---|---|---|" + ("---|---|" if var else "")]
     for r in rows:
-        ratio = (r["specjax_tflops"] / r["cudnn_tflops"]) if r["specjax_tflops"] and r["cudnn_tflops"] else None
-        md.append(f"| {r['dtype']} | {r['hd']} | {r['causal']} | {r['S']} | {fmt(r['specjax_tflops'])} | "
-                  f"{fmt(r['cudnn_tflops'])} | {fmt(r['jax_mgpu_tflops'])} | "
-                  f"{'-' if ratio is None else f'{ratio:.2f}'} |")
+        extra = f"{fmt(r.get('specjax_grid_tflops'))} | {fmt(r.get('specjax_persistent_tflops'))} | " if var else ""
+        md.append(f"| {r['dtype']} | {r['hd']} | {r['causal']} | {r['S']} | {fmt(r['specjax_tflops'])} | " + extra
+                  + f"{fmt(r['cudnn_tflops'])} | {fmt(r['jax_mgpu_tflops'])} | "
+                  f"{ratio(r['specjax_tflops'], r['cudnn_tflops'])} |")
     for path, text in ((base + ".json", json.dumps(doc, indent=1)),
                        (base + ".md", f"{dev.device_kind}, jax {jax.__version__}, {date}, TFLOPS\n\n"
                         + "\n".join(md) + "\n")):

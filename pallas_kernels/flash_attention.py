@@ -16,6 +16,23 @@ of ``k_end`` over its rows: KV blocks past ``cdiv(max, block_kv)`` are never loa
 ``min // block_kv`` run unmasked, only the rest pay for the mask. Sequence tails need no
 divisibility: TMA zero-fills out-of-bounds loads and drops out-of-bounds stores. Rows that see no key
 return 0 and ``lse = -inf``.
+
+Persistent variant (``TuningConfig(persistent=True)``): the grid is ``min(num_ctas, items)`` CTAs
+over the work items, all ``(q tile, batch, head)`` triples ordered batch, head, q tile (fastest,
+zigzag: see ``item``); CTA c runs items c, c + grid, c + 2 * grid, ...
+and the per-item fixed cost (Q load, pipeline ramp, O/LSE epilogue) overlaps the CTA's next item:
+  * the producer walks the CTA's (item, KV step) pairs with one running step counter, so the K/V
+    ring's slots and barrier phases carry on from item to item, and also loads each item's Q into
+    the consumers' ``q_smem`` once a ``q_free`` barrier says the previous item is done with it;
+  * the consumers loop over the same items: wait Q, run the steps, write O and LSE, then arrive on
+    ``q_free``. Where SMEM allows (hd 64, 128) O has its own tile and ``q_free`` is arrived right
+    after the item's last QK^T, so the producer loads the next Q, K and V while the consumers are
+    still in the last PV and the epilogue; at hd 256 O reuses ``q_smem`` and ``q_free`` waits for
+    the O store to have read it (the producer then loads the next item's first K/V blocks first).
+Barrier phases: Mosaic GPU keeps one parity bit per barrier per thread, flipped by each
+``barrier_wait``, so every thread that waits on a barrier must wait on every one of its phases, in
+order, and no barrier may complete twice ahead of a waiter; both kernels keep that (the producer
+ends by observing the last releases).
 """
 
 from __future__ import annotations
@@ -37,14 +54,21 @@ _LN2 = math.log(2.0)
 _MASKED = -1e30  # finite: a row that has seen only masked keys still has a finite running max
 
 
+_SMEM_LIMIT = 227 * 1024  # bytes of shared memory one Hopper CTA may use
+
+
 @dataclasses.dataclass(frozen=True)
 class TuningConfig:
     """Block sizes of the forward kernel. ``interpretable`` swaps PV's register A-operand and
-    accumulator-init wgmma for SMEM x SMEM + add, which the Mosaic GPU interpreter can run."""
+    accumulator-init wgmma for SMEM x SMEM + add, which the Mosaic GPU interpreter can run.
+    ``persistent`` launches ``min(num_ctas, work items)`` CTAs that loop over (q tile, batch, head)
+    items instead of one CTA per item (module docstring)."""
     block_q: int = 64        # query rows per consumer warpgroup (a CTA owns 2 * block_q)
     block_kv: int = 128      # keys per pipeline step
     num_stages: int = 2      # K/V SMEM ring depth
     interpretable: bool = False
+    persistent: bool = False
+    num_ctas: int = 132      # persistent grid size: the SM count of an H100 / H200
 
     def __post_init__(self):
         if self.block_q != 64:
@@ -53,33 +77,175 @@ class TuningConfig:
             raise ValueError(f"block_kv must be 64, 128, 192 or 256, got {self.block_kv}")
         if self.num_stages < 2:
             raise ValueError(f"num_stages must be >= 2 (double buffering), got {self.num_stages}")
+        if not isinstance(self.persistent, bool):
+            raise ValueError(f"persistent must be True or False, got {self.persistent!r}")
+        if isinstance(self.num_ctas, bool) or not isinstance(self.num_ctas, int) or self.num_ctas < 1:
+            raise ValueError(f"num_ctas must be a positive int (CTAs of the persistent grid, at most "
+                             f"one per SM is useful), got {self.num_ctas!r}")
 
-    def smem_bytes(self, head_dim: int, itemsize: int = 2) -> int:
-        q = 2 * self.block_q * head_dim * itemsize
+    def _tile_bytes(self, head_dim: int, itemsize: int) -> int:
+        return 2 * self.block_q * head_dim * itemsize   # one [2 * block_q, d] Q or O tile
+
+    def _base_smem_bytes(self, head_dim: int, itemsize: int) -> int:
         kv = 2 * self.num_stages * self.block_kv * head_dim * itemsize
         p = 2 * self.block_q * self.block_kv * itemsize if self.interpretable else 0
-        return q + kv + p + 2 * self.block_q * 4
+        return self._tile_bytes(head_dim, itemsize) + kv + p + 2 * self.block_q * 4
+
+    def separate_o(self, head_dim: int, itemsize: int = 2) -> bool:
+        """Persistent kernel only: whether an O tile of its own fits beside Q (not at hd256 with a
+        2-deep ring of 64-key blocks), so the next item's Q load need not wait for the O store."""
+        return self.persistent and (self._base_smem_bytes(head_dim, itemsize)
+                                    + self._tile_bytes(head_dim, itemsize) <= _SMEM_LIMIT)
+
+    def smem_bytes(self, head_dim: int, itemsize: int = 2) -> int:
+        o = self._tile_bytes(head_dim, itemsize) if self.separate_o(head_dim, itemsize) else 0
+        return self._base_smem_bytes(head_dim, itemsize) + o
 
 
-def default_config(head_dim: int) -> TuningConfig:
-    """Largest KV block that fits 227 KiB of SMEM with a 2-deep ring (attention_mgpu's choice; not tuned)."""
-    return TuningConfig(block_kv={64: 256, 128: 128, 256: 64}.get(head_dim, 64))
+PERSISTENT_MAX_KV_BLOCKS = 32  # persistent grid up to this many KV blocks per tile (see default_config)
 
 
+def default_config(head_dim: int, kv_len: int | None = None) -> TuningConfig:
+    """Largest KV block that fits 227 KiB of SMEM with a 2-deep ring (attention_mgpu's choice; not
+    tuned); with ``kv_len``, the persistent grid (one CTA per SM of the first device) when a tile has
+    at most ``PERSISTENT_MAX_KV_BLOCKS`` KV blocks. Chosen from one H100 run of the FA3 table
+    (benchmarks/results/fa3_h100_2026-11-26_*): with a few KV steps per tile, overlapping one tile's
+    epilogue with the next tile's loads won up to 1.5x; with many, the static round-robin of
+    causal tiles over CTAs left some CTAs 1.5x the mean work, and the one-CTA-per-tile grid won."""
+    block_kv = {64: 256, 128: 128, 256: 64}.get(head_dim, 64)
+    if kv_len is None or pl.cdiv(kv_len, block_kv) > PERSISTENT_MAX_KV_BLOCKS:
+        return TuningConfig(block_kv=block_kv)
+    dev = jax.devices()[0]
+    sms = getattr(dev, "core_count", None) if dev.platform == "gpu" else None
+    return TuningConfig(block_kv=block_kv, persistent=True, num_ctas=sms or 132)
+
+
+# ---------------------------------------------------------------- pieces shared by both kernels
+def _kv_range(kmin, kmax, block_kv: int, n_kv_blocks: int):
+    """``(n_steps, n_open)``: KV blocks any row of the tile sees, blocks every row sees entirely."""
+    n_steps = jnp.minimum(pl.cdiv(kmax, block_kv), n_kv_blocks)
+    return n_steps, jnp.minimum(lax.div(kmin, block_kv), n_steps)
+
+
+def _sync(schedule):
+    plgpu.barrier_arrive(schedule)
+    plgpu.barrier_wait(schedule)
+
+
+def _init_carry(bq: int, d: int):
+    m_i = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), _ROW)
+    l_i = plgpu.layout_cast(jnp.zeros((bq,), jnp.float32), _ROW)
+    acc = plgpu.layout_cast(jnp.zeros((bq, d), jnp.float32), _WGMMA)
+    return acc, m_i, l_i
+
+
+def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *, wg,
+            cfg: TuningConfig, scale_log2: float, step0=None, on_last_qk=None):
+    """One consumer warpgroup's KV loop over its ``block_q`` query rows: ``n_open`` unmasked steps,
+    then masked ones up to ``n_steps``, ping-ponged with the other consumer through ``schedule``
+    (per tile each warpgroup arrives and waits ``2 * n_steps + 1`` times, so the pairing stays
+    balanced from one tile to the next). Tile step ``ki`` uses ring slot ``(step0 + ki) %
+    num_stages`` (``step0`` None: 0). ``on_last_qk`` runs once the last QK^T has read ``q_smem``."""
+    bq, bkv, stages = cfg.block_q, cfg.block_kv, cfg.num_stages
+    k_smem, v_smem, k_ready, v_ready, k_free, v_free = ring
+    if step0 is None:
+        slot_of, first_slot = (lambda ki: lax.rem(ki, stages)), 0
+    else:
+        slot_of = lambda ki: lax.rem(step0 + ki, stages)
+        first_slot = slot_of(0)
+
+    @pl.when(n_steps > 0)
+    def _():
+        plgpu.barrier_wait(k_ready.at[first_slot])
+
+    sync = functools.partial(_sync, schedule)
+    pl.when(wg == 1)(sync)  # wg 1 starts half a step behind wg 0: ping-pong
+
+    def step(ki, carry, masked: bool):
+        acc, m_i, l_i = carry
+        slot = slot_of(ki)
+
+        def qk(acc_ref):
+            plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot].T)
+            sync()                   # let the other warpgroup issue its wgmma
+            return acc_ref[...]
+        s = pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32))
+        plgpu.barrier_arrive(k_free.at[slot])
+        if on_last_qk is not None:
+            pl.when(ki == n_steps - 1)(on_last_qk)
+        if masked:
+            col = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=_WGMMA) + ki * bkv
+            s = jnp.where(col < lax.broadcast_in_dim(kend_row, (bq, bkv), [0]), s, _MASKED)
+        # m is kept in the scaled log2 domain, so p = exp2(s * c - m) is one FMA per element.
+        m_new = jnp.maximum(m_i, s.max(axis=1) * scale_log2)
+        alpha = jnp.exp2(m_i - m_new)
+        p = jnp.exp2(s * scale_log2 - lax.broadcast_in_dim(m_new, s.shape, [0]))
+        l_i = l_i * alpha + p.sum(axis=1)
+        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+        p_lo = p.astype(k_smem.dtype)
+        acc, l_i, m_new, p_lo = lax.optimization_barrier((acc, l_i, m_new, p_lo))
+        plgpu.barrier_arrive(schedule)     # softmax done: our PV may go after the other's QK
+        plgpu.barrier_wait(v_ready.at[slot])
+        plgpu.barrier_wait(schedule)
+
+        def wait_next_k():
+            @pl.when(ki + 1 < n_steps)
+            def _():
+                plgpu.barrier_wait(k_ready.at[slot_of(ki + 1)])
+
+        if cfg.interpretable:
+            p_smem[...] = p_lo
+            plgpu.commit_smem()
+
+            def pv(acc_ref):
+                plgpu.wgmma(acc_ref, p_smem, v_smem.at[slot])
+                wait_next_k()
+                return acc_ref[...]
+            acc = acc + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
+        else:
+            def pv(acc_ref):
+                plgpu.wgmma(acc_ref, p_lo, v_smem.at[slot])
+                wait_next_k()
+            acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+        plgpu.barrier_arrive(v_free.at[slot])
+        return acc, m_new, l_i
+
+    carry = lax.fori_loop(0, n_open, functools.partial(step, masked=False), carry)
+    acc, m_i, l_i = lax.fori_loop(n_open, n_steps, functools.partial(step, masked=True), carry)
+    pl.when(wg == 0)(sync)
+    return acc, m_i, l_i
+
+
+def _store_tile(acc, m_i, l_i, kend_row, o_smem, lse_smem, o_gmem, lse_gmem):
+    """Normalizes the tile into SMEM and starts its O and LSE TMA stores; rows that saw no key
+    get 0 and ``lse = -inf``."""
+    seen = kend_row > 0
+    inv_l = jnp.where(seen, 1.0 / jnp.where(seen, l_i, 1.0), 0.0)
+    inv_l = lax.broadcast_in_dim(inv_l, acc.shape, [0])
+    # A select, not just the 0 factor: a row that saw only masked scores has p = exp2(the rounding
+    # error of the s * c - m FMA), which is inf for some scales (hd 64, 256), so its acc is inf/NaN.
+    o_smem[...] = jnp.where(inv_l > 0, acc * inv_l, 0.0).astype(o_smem.dtype)
+    lse_smem[...] = jnp.where(seen, m_i * _LN2 + jnp.log(jnp.where(seen, l_i, 1.0)), -jnp.inf)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, o_gmem)
+    plgpu.copy_smem_to_gmem(lse_smem, lse_gmem)
+
+
+def _load_kend_row(kend_ref, bi, q_base, bq: int):
+    return plgpu.load(kend_ref.at[bi, pl.ds(q_base, bq)], layout=_ROW, optimized=False)
+
+
+# ---------------------------------------------------------------- one CTA per (q tile, batch, head)
 def _kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, o_ref, lse_ref, scoped, *,
             cfg: TuningConfig, n_rep: int, scale_log2: float, n_kv_blocks: int, n_tiles: int):
     bq, bkv, stages = cfg.block_q, cfg.block_kv, cfg.num_stages
     (q_smem2, k_smem, v_smem, lse_smem2, p_smem2), (k_ready, v_ready, q_ready), \
         (k_free, v_free), schedule = scoped
+    ring = (k_smem, v_smem, k_ready, v_ready, k_free, v_free)
     hi, bi, wg = (lax.axis_index(n) for n in ("heads", "batch", "wg"))
     qi = n_tiles - 1 - lax.axis_index("q_tiles")  # longest (causal) tiles first
     kmax, kmin = kmax_ref[bi, qi], kmin_ref[bi, qi]
-    n_steps = jnp.minimum(pl.cdiv(kmax, bkv), n_kv_blocks)   # KV blocks any row of this CTA sees
-    n_open = jnp.minimum(lax.div(kmin, bkv), n_steps)        # blocks every row sees entirely
-
-    def schedule_sync():
-        plgpu.barrier_arrive(schedule)
-        plgpu.barrier_wait(schedule)
+    n_steps, n_open = _kv_range(kmin, kmax, bkv, n_kv_blocks)
 
     @pl.when(wg < 2)
     def _consumer():
@@ -87,77 +253,13 @@ def _kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, o_ref, lse_ref, s
         q_smem, lse_smem = q_smem2.at[wg], lse_smem2.at[wg]
         q_base = (2 * qi + wg) * bq
         plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(q_base, bq), hi], q_smem, q_ready.at[wg])
-        kend_row = plgpu.load(kend_ref.at[bi, pl.ds(q_base, bq)], layout=_ROW, optimized=False)
-        m_i = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), _ROW)
-        l_i = plgpu.layout_cast(jnp.zeros((bq,), jnp.float32), _ROW)
-        acc = plgpu.layout_cast(jnp.zeros((bq, q_smem.shape[-1]), jnp.float32), _WGMMA)
+        kend_row = _load_kend_row(kend_ref, bi, q_base, bq)
+        carry = _init_carry(bq, q_smem.shape[-1])
         plgpu.barrier_wait(q_ready.at[wg])
-
-        @pl.when(n_steps > 0)
-        def _():
-            plgpu.barrier_wait(k_ready.at[0])
-
-        pl.when(wg == 1)(schedule_sync)  # wg 1 starts half a step behind wg 0: ping-pong
-
-        def step(ki, carry, masked: bool):
-            acc, m_i, l_i = carry
-            slot = lax.rem(ki, stages)
-
-            def qk(acc_ref):
-                plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot].T)
-                schedule_sync()          # let the other warpgroup issue its wgmma
-                return acc_ref[...]
-            s = pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32))
-            plgpu.barrier_arrive(k_free.at[slot])
-            if masked:
-                col = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=_WGMMA) + ki * bkv
-                s = jnp.where(col < lax.broadcast_in_dim(kend_row, (bq, bkv), [0]), s, _MASKED)
-            # m is kept in the scaled log2 domain, so p = exp2(s * c - m) is one FMA per element.
-            m_new = jnp.maximum(m_i, s.max(axis=1) * scale_log2)
-            alpha = jnp.exp2(m_i - m_new)
-            p = jnp.exp2(s * scale_log2 - lax.broadcast_in_dim(m_new, s.shape, [0]))
-            l_i = l_i * alpha + p.sum(axis=1)
-            acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-            p_lo = p.astype(k_smem.dtype)
-            acc, l_i, m_new, p_lo = lax.optimization_barrier((acc, l_i, m_new, p_lo))
-            plgpu.barrier_arrive(schedule)     # softmax done: our PV may go after the other's QK
-            plgpu.barrier_wait(v_ready.at[slot])
-            plgpu.barrier_wait(schedule)
-
-            def wait_next_k():
-                @pl.when(ki + 1 < n_steps)
-                def _():
-                    plgpu.barrier_wait(k_ready.at[lax.rem(ki + 1, stages)])
-
-            if cfg.interpretable:
-                p_smem = p_smem2.at[wg]
-                p_smem[...] = p_lo
-                plgpu.commit_smem()
-
-                def pv(acc_ref):
-                    plgpu.wgmma(acc_ref, p_smem, v_smem.at[slot])
-                    wait_next_k()
-                    return acc_ref[...]
-                acc = acc + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
-            else:
-                def pv(acc_ref):
-                    plgpu.wgmma(acc_ref, p_lo, v_smem.at[slot])
-                    wait_next_k()
-                acc = pl.run_state(pv)(plgpu.ACC.init(acc))
-            plgpu.barrier_arrive(v_free.at[slot])
-            return acc, m_new, l_i
-
-        carry = lax.fori_loop(0, n_open, functools.partial(step, masked=False), (acc, m_i, l_i))
-        acc, m_i, l_i = lax.fori_loop(n_open, n_steps, functools.partial(step, masked=True), carry)
-        pl.when(wg == 0)(schedule_sync)
-
-        seen = kend_row > 0
-        inv_l = jnp.where(seen, 1.0 / jnp.where(seen, l_i, 1.0), 0.0)
-        q_smem[...] = (acc * lax.broadcast_in_dim(inv_l, acc.shape, [0])).astype(q_smem.dtype)
-        lse_smem[...] = jnp.where(seen, m_i * _LN2 + jnp.log(jnp.where(seen, l_i, 1.0)), -jnp.inf)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(q_smem, o_ref.at[bi, pl.ds(q_base, bq), hi])
-        plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[bi, hi, pl.ds(q_base, bq)])
+        acc, m_i, l_i = _attend(q_smem, None if p_smem2 is None else p_smem2.at[wg], kend_row, carry,
+                                n_open, n_steps, ring, schedule, wg=wg, cfg=cfg, scale_log2=scale_log2)
+        _store_tile(acc, m_i, l_i, kend_row, q_smem, lse_smem, o_ref.at[bi, pl.ds(q_base, bq), hi],
+                    lse_ref.at[bi, hi, pl.ds(q_base, bq)])
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     @pl.when(wg == 2)
@@ -188,6 +290,100 @@ def _kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, o_ref, lse_ref, s
             plgpu.barrier_wait(v_free.at[lax.rem(ki, stages)])
 
 
+# ---------------------------------------------------------------- persistent: CTAs loop over items
+def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, o_ref, lse_ref, scoped, *,
+                       cfg: TuningConfig, n_rep: int, scale_log2: float, n_kv_blocks: int,
+                       n_tiles: int, n_batch: int, n_heads: int, n_ctas: int, separate_o: bool):
+    bq, bkv, stages = cfg.block_q, cfg.block_kv, cfg.num_stages
+    (q_smem2, k_smem, v_smem, lse_smem2, p_smem2, o_smem2), (k_ready, v_ready, q_ready), \
+        (k_free, v_free), q_free, schedule = scoped
+    ring = (k_smem, v_smem, k_ready, v_ready, k_free, v_free)
+    cta, wg = lax.axis_index("cta"), lax.axis_index("wg")
+    n_items = lax.div(n_tiles * n_batch * n_heads - 1 - cta, n_ctas) + 1  # items cta, cta + n_ctas, ...
+
+    def item(j):
+        """``(qi, bi, hi, n_open, n_steps)`` of this CTA's j-th item. Item order: batch slowest, then
+        head, then q tile fastest, so the CTAs running at one time share a few heads' K/V in L2 (the
+        first version put the q tile slowest: ~132 heads' K/V then streamed from HBM at once and
+        short-S rows were bandwidth-bound, pallas_kernels/NOTES.md). The q tiles of a head run
+        longest-first and of the next head shortest-first (a zigzag), so in causal attention a CTA,
+        which takes every ``n_ctas``-th item, gets long and short tiles alike."""
+        w = cta + j * n_ctas
+        r, bh = lax.rem(w, n_tiles), lax.div(w, n_tiles)
+        qi = jnp.where(lax.rem(bh, 2) == 0, n_tiles - 1 - r, r)
+        bi, hi = lax.div(bh, n_heads), lax.rem(bh, n_heads)
+        n_steps, n_open = _kv_range(kmin_ref[bi, qi], kmax_ref[bi, qi], bkv, n_kv_blocks)
+        return qi, bi, hi, n_open, n_steps
+
+    @pl.when(wg < 2)
+    def _consumer():
+        plgpu.set_max_registers(232, action="increase")
+        q_smem, lse_smem = q_smem2.at[wg], lse_smem2.at[wg]
+        o_smem = o_smem2.at[wg] if separate_o else q_smem
+        p_smem = None if p_smem2 is None else p_smem2.at[wg]
+        release_q = lambda: plgpu.barrier_arrive(q_free.at[wg])
+
+        def run_item(j, step0):
+            qi, bi, hi, n_open, n_steps = item(j)
+            q_base = (2 * qi + wg) * bq
+            kend_row = _load_kend_row(kend_ref, bi, q_base, bq)
+            carry = _init_carry(bq, q_smem.shape[-1])
+            plgpu.barrier_wait(q_ready.at[wg])
+            acc, m_i, l_i = _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule,
+                                    wg=wg, cfg=cfg, scale_log2=scale_log2, step0=step0,
+                                    on_last_qk=release_q if separate_o else None)
+            if separate_o:
+                pl.when(n_steps == 0)(release_q)   # no QK^T ran: q_smem was not read
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last item's stores left o/lse_smem
+            _store_tile(acc, m_i, l_i, kend_row, o_smem, lse_smem,
+                        o_ref.at[bi, pl.ds(q_base, bq), hi], lse_ref.at[bi, hi, pl.ds(q_base, bq)])
+            if not separate_o:
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # O (in q_smem) read out
+                release_q()
+            return step0 + n_steps
+
+        lax.fori_loop(0, n_items, run_item, jnp.int32(0))
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+    @pl.when(wg == 2)
+    def _producer():
+        plgpu.set_max_registers(40, action="decrease")
+        # q_free completes when the item's Q SMEM may be refilled: at its last QK^T with a separate
+        # O tile (then Q goes first), after its O store otherwise (then the first K/V blocks go first).
+        lead = 0 if separate_o else stages
+
+        def load_kv(step, ki, bi, gi):  # ``step`` counts K/V blocks over all of this CTA's items
+            slot, kv = lax.rem(step, stages), (bi, pl.ds(ki * bkv, bkv), gi)
+            pl.when(step >= stages)(lambda: plgpu.barrier_wait(k_free.at[slot]))
+            plgpu.copy_gmem_to_smem(k_ref.at[kv], k_smem.at[slot], k_ready.at[slot])
+            pl.when(step >= stages)(lambda: plgpu.barrier_wait(v_free.at[slot]))
+            plgpu.copy_gmem_to_smem(v_ref.at[kv], v_smem.at[slot], v_ready.at[slot])
+
+        def run_item(j, step0):
+            qi, bi, hi, _, n_steps = item(j)
+            gi = lax.div(hi, n_rep)
+            kv_steps = lambda lo, up: pl.loop(lo, up)(lambda ki: load_kv(step0 + ki, ki, bi, gi))
+            n_lead = jnp.minimum(n_steps, lead)
+            if lead:
+                kv_steps(0, n_lead)
+            for w in range(2):
+                pl.when(j > 0)(lambda: plgpu.barrier_wait(q_free.at[w]))
+                plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds((2 * qi + w) * bq, bq), hi],
+                                        q_smem2.at[w], q_ready.at[w])
+            kv_steps(n_lead, n_steps)
+            return step0 + n_steps
+
+        n_total = lax.fori_loop(0, n_items, run_item, jnp.int32(0))
+
+        @pl.loop(jnp.maximum(n_total - stages, 0), n_total)
+        def _(step):  # observe the last releases too, so no barrier phase is left pending at exit
+            plgpu.barrier_wait(k_free.at[lax.rem(step, stages)])
+            plgpu.barrier_wait(v_free.at[lax.rem(step, stages)])
+
+        for w in range(2):
+            plgpu.barrier_wait(q_free.at[w])
+
+
 def _smem_tiled(shape, dtype):
     swizzle = plgpu.find_swizzle(shape[-1] * jnp.dtype(dtype).itemsize * 8)
     tiling = plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize))
@@ -199,8 +395,17 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
     """Returns ``fwd(q, k, v, kend_BTp, kmin_BN, kmax_BN) -> (o_BTHd, lse_BHTp)``."""
     n_tiles = pl.cdiv(T, 2 * cfg.block_q)
     stages = cfg.num_stages
-    body = functools.partial(_kernel, cfg=cfg, n_rep=H // G, scale_log2=scale * _LOG2E,
-                             n_kv_blocks=pl.cdiv(S, cfg.block_kv), n_tiles=n_tiles)
+    common = dict(cfg=cfg, n_rep=H // G, scale_log2=scale * _LOG2E,
+                  n_kv_blocks=pl.cdiv(S, cfg.block_kv), n_tiles=n_tiles)
+    separate_o = cfg.separate_o(d, jnp.dtype(dtype).itemsize)
+    n_ctas = min(cfg.num_ctas, n_tiles * B * H)
+    if cfg.persistent:
+        body = functools.partial(_persistent_kernel, **common, n_batch=B, n_heads=H, n_ctas=n_ctas,
+                                 separate_o=separate_o)
+        grid, grid_names = (n_ctas,), ("cta",)
+    else:
+        body = functools.partial(_kernel, **common)
+        grid, grid_names = (H, B, n_tiles), ("heads", "batch", "q_tiles")
 
     def entry(*refs):
         scratch = (
@@ -213,14 +418,18 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
         barriers = (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
                     plgpu.Barrier(num_barriers=2))
         free = (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2
-        pl.run_scoped(lambda *s: body(*refs, s), scratch, barriers, free,
+        q_free = ()
+        if cfg.persistent:  # + the O tile; q_free: a consumer warpgroup's Q SMEM may be refilled
+            scratch += (_smem_tiled((2, cfg.block_q, d), dtype) if separate_o else None,)
+            q_free = (plgpu.Barrier(num_barriers=2),)
+        pl.run_scoped(lambda *s: body(*refs, s), scratch, barriers, free, *q_free,
                       plgpu.Barrier(num_arrivals=2), collective_axes="wg")
 
     return plgpu.kernel(
         entry,
         out_type=(jax.ShapeDtypeStruct((B, T, H, d), dtype),
                   jax.ShapeDtypeStruct((B, H, n_tiles * 2 * cfg.block_q), jnp.float32)),
-        grid=(H, B, n_tiles), grid_names=("heads", "batch", "q_tiles"),
+        grid=grid, grid_names=grid_names,
         num_threads=3, thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True))
 
@@ -265,7 +474,7 @@ def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT, *, scale: float | None 
     """Jitted entry: ``(o [B,T,H,d], lse [B,H,T] natural log, float32)``."""
     _check(q_BTHd, k_BSGd, v_BSGd, kend_BT)
     (B, T, H, d), (S, G) = q_BTHd.shape, k_BSGd.shape[1:3]
-    cfg = config or default_config(d)
+    cfg = config or default_config(d, S)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     rows = 2 * cfg.block_q
     n_tiles = pl.cdiv(T, rows)
@@ -304,7 +513,8 @@ def flash_attention_reference(q_BTHd, k_BSGd, v_BSGd, kend_BT, *, scale: float |
 
 def main(argv=None) -> None:
     """Time one FA3-paper shape (16k tokens, H*d = 2048) or, with --small, run one tiny checked
-    call (what ``compute-sanitizer --tool racecheck`` is pointed at)."""
+    call (what ``compute-sanitizer --tool racecheck`` is pointed at; with ``--persistent --num-ctas
+    2`` each CTA runs several items)."""
     import argparse
     import numpy as np
     ap = argparse.ArgumentParser()
@@ -312,19 +522,24 @@ def main(argv=None) -> None:
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--persistent", action="store_true")
+    ap.add_argument("--num-ctas", type=int, default=132)
     a = ap.parse_args(argv)
     B, S, d = (1, 300, 64) if a.small else (16384 // a.seq, a.seq, a.head_dim)
     H = 2 if a.small else 2048 // d
     q, k, v = (jax.random.normal(kk, (B, S, H, d), jnp.bfloat16)
                for kk in jax.random.split(jax.random.key(0), 3))
     kend = key_end(B, S, S, causal="top_left" if a.causal else "none")
-    o, lse = flash_attention_fwd(q, k, v, kend)
+    cfg = dataclasses.replace(default_config(d), persistent=a.persistent, num_ctas=a.num_ctas)
+    fwd = functools.partial(flash_attention_fwd, config=cfg)
+    o, lse = fwd(q, k, v, kend)
     ref = flash_attention_reference(*(x.astype(jnp.float32) for x in (q, k, v)), kend)[0]
     err = float(jnp.linalg.norm(o.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
-    print(f"B={B} S={S} H={H} d={d} causal={a.causal}: relative error {err:.2e}")
+    print(f"B={B} S={S} H={H} d={d} causal={a.causal} persistent={a.persistent}: "
+          f"relative error {err:.2e}")
     if not a.small:
         from jax.experimental.mosaic.gpu import profiler
-        _, ms = profiler.measure(lambda *x: flash_attention_fwd(*x), iterations=20)(q, k, v, kend)
+        _, ms = profiler.measure(lambda *x: fwd(*x), iterations=20)(q, k, v, kend)
         flops = 4 * B * S * S * H * d / (2 if a.causal else 1)
         print(f"median {np.median(ms):.3f} ms = {flops / np.median(ms) / 1e9:.0f} TFLOPS")
 

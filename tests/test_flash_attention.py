@@ -1,5 +1,6 @@
 """FA3 kernel: CUDA lowering and Mosaic GPU interpreter on CPU; real runs under @pytest.mark.gpu."""
 
+import dataclasses
 import itertools
 
 import jax
@@ -16,6 +17,8 @@ from pallas_kernels.flash_attention_vjp import attention_bwd_blocked, flash_atte
 from specjax.attention import attention_reference
 
 INTERP = TuningConfig(block_kv=64, interpretable=True)
+# persistent, with fewer CTAs than items so each CTA runs several (q tile, batch, head) items
+PERSIST = lambda num_ctas: dataclasses.replace(INTERP, persistent=True, num_ctas=num_ctas)
 MODES = ("none", "top_left", "bottom_right", "positions")
 
 
@@ -49,25 +52,29 @@ def _check_close(q, k, v, kend, o, lse, tol):
 
 
 # ---------------------------------------------------------------- CPU: lowering for CUDA
+@pytest.mark.parametrize("persistent", (False, True))
 @pytest.mark.parametrize("hd,dtype", list(itertools.product((64, 128, 256), ("bfloat16", "float16"))))
-def test_lowers_for_cuda_every_benchmark_config(hd, dtype):
+def test_lowers_for_cuda_every_benchmark_config(hd, dtype, persistent):
     """Catches SMEM overflow, layout and dtype errors for the whole bench_fa3.py table."""
+    cfg = dataclasses.replace(default_config(hd), persistent=persistent)
     for S, causal in itertools.product((512, 1024, 2048, 4096, 8192, 16384), (False, True)):
         B, H = 16384 // S, 2048 // hd
         q = jax.ShapeDtypeStruct((B, S, H, hd), jnp.dtype(dtype))
         f = lambda q, k, v: flash_attention_fwd(
-            q, k, v, key_end(B, S, S, causal="top_left" if causal else "none"),
-            config=default_config(hd))
+            q, k, v, key_end(B, S, S, causal="top_left" if causal else "none"), config=cfg)
         assert "mosaic_gpu" in jax.jit(f).trace(q, q, q).lower(lowering_platforms=("cuda",)).as_text()
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 4, 1, 1, 64), (2, 77, 6, 301, 2, 128), (3, 5, 8, 9, 1, 256),
                                    (1, 130, 2, 1000, 2, 64)])
-def test_lowers_odd_lengths_and_gqa(shape):
+@pytest.mark.parametrize("persistent", (False, True))
+def test_lowers_odd_lengths_and_gqa(shape, persistent):
     B, T, H, S, G, d = shape
     q, k = jax.ShapeDtypeStruct((B, T, H, d), jnp.bfloat16), jax.ShapeDtypeStruct((B, S, G, d), jnp.bfloat16)
     kend = jax.ShapeDtypeStruct((B, T), jnp.int32)
-    jax.jit(flash_attention_fwd).trace(q, k, k, kend).lower(lowering_platforms=("cuda",))
+    cfg = dataclasses.replace(default_config(d), persistent=persistent)
+    f = lambda q, k, v, kend: flash_attention_fwd(q, k, v, kend, config=cfg)
+    jax.jit(f).trace(q, k, k, kend).lower(lowering_platforms=("cuda",))
 
 
 def test_shared_memory_overflow_is_caught_at_lowering():
@@ -78,13 +85,36 @@ def test_shared_memory_overflow_is_caught_at_lowering():
         jax.jit(f).trace(q, q, q).lower(lowering_platforms=("cuda",))
 
 
+def test_default_config_picks_the_persistent_grid_for_short_kv():
+    """The rule fitted to the H100 table: persistent while a tile has <= 32 KV blocks."""
+    from pallas_kernels.flash_attention import PERSISTENT_MAX_KV_BLOCKS
+    assert PERSISTENT_MAX_KV_BLOCKS == 32
+    for hd, longest_persistent in ((64, 8192), (128, 4096), (256, 2048)):
+        assert default_config(hd, longest_persistent).persistent, hd
+        assert default_config(hd, 1).persistent and default_config(hd, longest_persistent - 7).persistent
+        assert not default_config(hd, longest_persistent + 1).persistent, hd
+        assert not default_config(hd).persistent  # no length given: one CTA per tile
+    assert default_config(128, 512).num_ctas == 132  # no GPU here: an H100/H200's SM count
+
+
 def test_config_and_input_validation():
-    for bad in (dict(block_q=128), dict(block_kv=96), dict(num_stages=1)):
+    for bad in (dict(block_q=128), dict(block_kv=96), dict(num_stages=1), dict(num_ctas=0),
+                dict(num_ctas=2.0), dict(persistent=1)):
         with pytest.raises(ValueError):
             TuningConfig(**bad)
     q = jnp.zeros((1, 8, 2, 80), jnp.bfloat16)
     with pytest.raises(ValueError, match="head dim"):
         flash_attention_fwd(q, q, q, jnp.zeros((1, 8), jnp.int32))
+
+
+def test_persistent_smem_budget():
+    """A separate O tile where it fits (hd 64, 128), O reusing Q's SMEM at hd 256; all <= 227 KiB."""
+    for hd, separate in ((64, True), (128, True), (256, False)):
+        cfg = dataclasses.replace(default_config(hd), persistent=True)
+        assert cfg.separate_o(hd) == separate
+        assert cfg.smem_bytes(hd) == default_config(hd).smem_bytes(hd) + separate * 2 * 64 * hd * 2
+        assert cfg.smem_bytes(hd) <= 227 * 1024
+        assert not default_config(hd).separate_o(hd)
 
 
 # ---------------------------------------------------------------- CPU: mask and reference logic
@@ -146,11 +176,45 @@ def test_interpreter_matches_reference(mode, shape):
     _check_close(q, k, v, kend, o, lse, tol=1e-2)
 
 
-def test_interpreter_finds_no_races():
-    q, k, v = _inputs(5, 1, 128, 1, 192, 1, 64, jnp.float16)
-    kend = _kend("top_left", 1, 128, 192)
+@pytest.mark.parametrize("mode,shape,num_ctas", [
+    ("none", (1, 128, 2, 128, 2, 64), 1),           # one CTA runs both heads
+    ("top_left", (1, 200, 2, 200, 1, 64), 3),       # 4 items of 2 lengths over 3 CTAs
+    ("bottom_right", (2, 70, 4, 300, 2, 64), 3),    # GQA, per-sequence kv lengths
+    ("positions", (2, 9, 3, 130, 1, 64), 2),        # odd T and S, 3 query heads per kv head
+    ("bottom_right", (1, 130, 2, 190, 1, 256), 2),  # hd 256: O reuses Q's SMEM
+])
+def test_interpreter_persistent_matches_reference(mode, shape, num_ctas):
+    B, T, H, S, G, d = shape
+    q, k, v = _inputs(4, *shape, jnp.bfloat16)
+    kend = _kend(mode, B, T, S)
+    with plgpu.force_gpu_interpret_mode():
+        o, lse = flash_attention_fwd(q, k, v, kend, config=PERSIST(num_ctas))
+    _check_close(q, k, v, kend, o, lse, tol=1e-2)
+
+
+@pytest.mark.parametrize("config", [INTERP, PERSIST(3)], ids=["grid", "persistent"])
+def test_interpreter_rows_that_see_no_key(config):
+    """Padding rows, a warpgroup whose rows all see nothing in a tile that has KV steps (its scores
+    are all masked: 0 needs the epilogue's select at hd 64), and whole items with no KV step."""
+    B, T, H, S, G, d = 3, 150, 2, 200, 1, 64
+    q, k, v = _inputs(8, B, T, H, S, G, d, jnp.bfloat16)
+    kend = key_end(B, T, S, causal="bottom_right", kv_lens_B=[200, 60, 0], q_lens_B=[150, 40, 70])
+    with plgpu.force_gpu_interpret_mode():
+        o, lse = flash_attention_fwd(q, k, v, kend, config=config)
+    _check_close(q, k, v, kend, o, lse, tol=1e-2)
+
+
+@pytest.mark.parametrize("config,shape,mode", [
+    (INTERP, (1, 128, 1, 192, 1, 64), "top_left"),
+    (PERSIST(1), (1, 256, 1, 256, 1, 64), "top_left"),   # separate O tile: Q released at the last QK^T
+    (PERSIST(1), (1, 130, 1, 150, 1, 256), "none"),      # O in Q's SMEM: Q released after the O store
+], ids=["grid", "persistent", "persistent-hd256"])
+def test_interpreter_finds_no_races(config, shape, mode):
+    B, T, H, S, G, d = shape
+    q, k, v = _inputs(5, *shape, jnp.float16)
+    kend = _kend(mode, B, T, S)
     with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams(detect_races=True)):
-        o, lse = flash_attention_fwd(q, k, v, kend, config=INTERP)
+        o, lse = flash_attention_fwd(q, k, v, kend, config=config)
         assert not get_races().races_found
     _check_close(q, k, v, kend, o, lse, tol=2e-3)
 
@@ -184,8 +248,10 @@ def _poison(*shapes):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("persistent", (False, True))
 @pytest.mark.parametrize("dtype,hd,mode", GPU_CASES)
-def test_gpu_matches_float32_reference(dtype, hd, mode):
+def test_gpu_matches_float32_reference(dtype, hd, mode, persistent):
+    cfg = dataclasses.replace(default_config(hd), persistent=persistent)
     G = 2
     H = G * REP[hd]
     for B, T, S in ((2, 1000, 1000), (3, 77, 1531), (1, 4096, 4096)):
@@ -194,21 +260,26 @@ def test_gpu_matches_float32_reference(dtype, hd, mode):
         q, k, v = _inputs(hd + T, B, T, H, S, G, hd, jnp.dtype(dtype))
         kend = _kend(mode, B, T, S, seed=T)
         _poison((B, T, H, hd), (B, H, T + 256))
-        o, lse = flash_attention_fwd(q, k, v, kend)
+        o, lse = flash_attention_fwd(q, k, v, kend, config=cfg)
         _check_close(q, k, v, kend, o, lse, tol=1e-2 if dtype == "bfloat16" else 2e-3)
 
 
 @pytest.mark.gpu
-def test_gpu_varlen_padding_rows_and_grad():
-    B, T, H, S, G, d = 3, 300, 8, 700, 2, 128
+@pytest.mark.parametrize("persistent", (False, True))
+@pytest.mark.parametrize("d", (64, 128, 256))
+def test_gpu_varlen_padding_rows_and_grad(d, persistent):
+    """Includes tiles whose KV steps some warpgroup's rows (all padding) see none of; at hd 64 and
+    256 their all-masked scores give p = inf before the epilogue's select."""
+    B, T, H, S, G = 3, 300, 8, 700, 2
+    cfg = dataclasses.replace(default_config(d), persistent=persistent)
     q, k, v = _inputs(9, B, T, H, S, G, d, jnp.bfloat16)
     kend = key_end(B, T, S, causal="bottom_right", kv_lens_B=[700, 450, 300], q_lens_B=[300, 120, 1])
     _poison((B, T, H, d))
-    o, lse = flash_attention_fwd(q, k, v, kend)
+    o, lse = flash_attention_fwd(q, k, v, kend, config=cfg)
     _check_close(q, k, v, kend, o, lse, tol=1e-2)
     do = jax.random.normal(jax.random.key(10), q.shape, jnp.float32)
-    got = jax.grad(lambda q, k, v: jnp.sum(flash_attention(q, k, v, kend).astype(jnp.float32) * do),
-                   (0, 1, 2))(q, k, v)
+    got = jax.grad(lambda q, k, v: jnp.sum(flash_attention(q, k, v, kend, None, cfg)
+                                           .astype(jnp.float32) * do), (0, 1, 2))(q, k, v)
     f32 = lambda x: x.astype(jnp.float32)
     ref = jax.grad(lambda q, k, v: jnp.sum(flash_attention_reference(q, k, v, kend)[0] * do),
                    (0, 1, 2))(f32(q), f32(k), f32(v))

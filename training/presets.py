@@ -1,4 +1,5 @@
-"""Settings of ``train_smollm2.py``: the real run (one H100, ~8 minutes) and two CPU smoke runs."""
+"""Settings of ``train_smollm2.py``: the real run (one Hopper GPU, ~15 minutes over device calls) and two
+CPU smoke runs."""
 
 from __future__ import annotations
 
@@ -34,8 +35,9 @@ def _tc(steps, batch, lr, warmup, dtype, log_every=25, ckpt_every=500, clip=0.5,
 
 
 PRESETS = {
-    # One Hopper GPU, two 10-minute device calls with --time-budget: corpus + EAGLE-3 in the first, the rest of
-    # EAGLE-3, Medusa and the draft model in the second (a stage cut by its cap resumes from its checkpoint).
+    # One Hopper GPU, 10-minute device calls with --time-budget (benchmarks/device_heads.sh): corpus (~210 s on an
+    # H200) + EAGLE-3 in the first, the rest of EAGLE-3 in the second, Medusa / the draft model in further calls
+    # (a stage cut by its cap resumes from its checkpoint).
     "h100": Preset(
         target="smollm2", dtype="bfloat16",
         corpus=CorpusSpec(n_chat=8192, n_code=4096, n_templated=12288, n_code_raw=4096, temperatures=(0.0, 0.7),
