@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The device-call chain that trains, ships and measures the SmolLM2 heads (run from the repo root on the
 # lent GPU machine; each step is one `run` call, the next issued within the 30 s the machine stays warm).
-# A call carries at most 64 MiB with the working tree (~45 MB of it the tracked tree), so the 98 MB GGUF
-# travels in five parts: `split -b 20000000 -d -a 2 GGUF smol.part` locally, part NN into .carry/pNN/.
+# The GGUF travels in five parts (benchmarks/device_lib.sh: stage_part, join_gguf).
 #   1. stage NN (carry .carry/pNN), NN = 00..03: copy that part outside the repo (/root/stage)
 #   2. train1 (carry .carry/p04 .carry/b .whl): join and check the GGUF, corpus + EAGLE-3  (logs to $OUT)
 #   3. train2 (carry .whl): the rest of the stages named in ONLY; bundle the artifacts to $OUT
@@ -14,19 +13,15 @@ set -euo pipefail
 [ -f .carry/h/head.tgz ] && tar xzf .carry/h/head.tgz
 export SPECJAX_HOME=/root/sj JAX_COMPILATION_CACHE_DIR=/root/jaxcache PYTHONPATH=.:benchmarks:/tmp/site
 OUT=${OUT:-/tmp/out}
-source benchmarks/device_lib.sh  # install_whl
-GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+source benchmarks/device_lib.sh  # install_whl, stage_part, join_gguf
 stage_gguf() {
-  mkdir -p $SPECJAX_HOME/models $SPECJAX_HOME/data
-  local g=$SPECJAX_HOME/models/smollm2-135m-instruct.gguf
-  [ -f $g ] || cat /root/stage/smol.part0{0..3} .carry/p04/smol.part04 > $g
-  cp .carry/b/*.jsonl $SPECJAX_HOME/data/ 2>/dev/null || true
-  echo "$GGUF_SHA256  $g" | sha256sum -c - || { rm -f $g; exit 1; }
+  join_gguf $SPECJAX_HOME/models/smollm2-135m-instruct.gguf || exit 1
+  mkdir -p $SPECJAX_HOME/data && cp .carry/b/*.jsonl $SPECJAX_HOME/data/ 2>/dev/null || true
 }
 ONLY=${ONLY:-eagle3}
 case "$1" in
   stage)
-    mkdir -p /root/stage && cp .carry/p$2/smol.part$2 /root/stage/ && ls -l /root/stage ;;
+    stage_part $2 ;;
   train1)
     install_whl; stage_gguf
     timeout "${2:-585}" python3 -m training.train_smollm2 --preset h100 --out /root/train --only $ONLY --time-budget 540 \

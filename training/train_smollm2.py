@@ -10,10 +10,11 @@ with ``--ship`` to ``specjax/shipped/smollm2-135m-instruct``) -> tau on held-out
 through the real speculative loop -> ``CARD.md`` per artifact and ``OUT/results.json``.
 
 On the lent GPU machine (64 MiB carried per call, the GGUF is 98 MB) the chain of device calls is
-``benchmarks/device_heads.sh`` (part1: stage GGUF part 1; train1: join it, corpus + EAGLE-3 with
-``--time-budget``; train2: the rest, ``--bundle $OUT``; bench). Locally afterwards:
+``benchmarks/device_heads.sh`` (stage 00..03: the GGUF's first four 20 MB parts; train1: join it, corpus
++ EAGLE-3 with ``--time-budget``; train2: the rest, ``--bundle $OUT``; bench). Locally afterwards:
 ``cat shipped.tar.part* | tar x -C specjax/shipped/smollm2-135m-instruct/``. The shipped artifacts
-were made that way on an H200 (benchmarks/results/train_heads_H200_2026-11-26.*).
+were made that way on an H200 (benchmarks/results/train_heads2_H200_2026-11-26.*; the draft model:
+train_heads_H200_2026-11-26.*).
 """
 
 from __future__ import annotations
