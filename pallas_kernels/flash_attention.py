@@ -513,8 +513,8 @@ def flash_attention_reference(q_BTHd, k_BSGd, v_BSGd, kend_BT, *, scale: float |
 
 def main(argv=None) -> None:
     """Time one FA3-paper shape (16k tokens, H*d = 2048) or, with --small, run one tiny checked
-    call (what ``compute-sanitizer --tool racecheck`` is pointed at; with ``--persistent --num-ctas
-    2`` each CTA runs several items)."""
+    call (what ``compute-sanitizer --tool racecheck`` is pointed at; with ``--schedule persistent
+    --num-ctas 2`` each CTA runs several items)."""
     import argparse
     import numpy as np
     ap = argparse.ArgumentParser()
@@ -522,20 +522,22 @@ def main(argv=None) -> None:
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--persistent", action="store_true")
-    ap.add_argument("--num-ctas", type=int, default=132)
+    ap.add_argument("--schedule", choices=("default", "grid", "persistent"), default="default",
+                    help="default: default_config's pick for this length; grid: one CTA per tile")
+    ap.add_argument("--num-ctas", type=int, default=132, help="CTAs of the persistent grid")
     a = ap.parse_args(argv)
     B, S, d = (1, 300, 64) if a.small else (16384 // a.seq, a.seq, a.head_dim)
     H = 2 if a.small else 2048 // d
     q, k, v = (jax.random.normal(kk, (B, S, H, d), jnp.bfloat16)
                for kk in jax.random.split(jax.random.key(0), 3))
     kend = key_end(B, S, S, causal="top_left" if a.causal else "none")
-    cfg = dataclasses.replace(default_config(d), persistent=a.persistent, num_ctas=a.num_ctas)
+    cfg = default_config(d, S) if a.schedule == "default" else dataclasses.replace(
+        default_config(d), persistent=a.schedule == "persistent", num_ctas=a.num_ctas)
     fwd = functools.partial(flash_attention_fwd, config=cfg)
     o, lse = fwd(q, k, v, kend)
     ref = flash_attention_reference(*(x.astype(jnp.float32) for x in (q, k, v)), kend)[0]
     err = float(jnp.linalg.norm(o.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
-    print(f"B={B} S={S} H={H} d={d} causal={a.causal} persistent={a.persistent}: "
+    print(f"B={B} S={S} H={H} d={d} causal={a.causal} persistent={cfg.persistent}: "
           f"relative error {err:.2e}")
     if not a.small:
         from jax.experimental.mosaic.gpu import profiler
