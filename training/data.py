@@ -53,7 +53,10 @@ class TokenDataset:
         return out
 
     def batch(self, step: int, batch_size: int, seed: int) -> dict[str, np.ndarray]:
-        idx = self.indices(step, batch_size, seed)
+        return self.take(self.indices(step, batch_size, seed))
+
+    def take(self, idx) -> dict[str, np.ndarray]:
+        """The rows ``idx`` (indices or a slice) as a training batch: int32 tokens, float32 weights."""
         return {"tokens": self.tokens_NT[idx].astype(np.int32), "weight": self.weight_NT[idx].astype(np.float32)}
 
     def split(self, n_heldout: int, seed: int | None = None) -> tuple["TokenDataset", "TokenDataset"]:

@@ -64,10 +64,16 @@ def make_optimizer(tc: TrainConfig) -> optax.GradientTransformation:
                        optax.adamw(sched, b1=0.9, b2=0.95, weight_decay=tc.weight_decay))
 
 
+def _on_cast_params(loss_fn: Callable, compute_dtype) -> Callable:
+    """``loss_fn`` applied to the params cast to the compute dtype (gradients flow back to the masters)."""
+    return lambda p, frozen, batch: loss_fn(jax.tree.map(lambda x: x.astype(compute_dtype), p), frozen, batch)
+
+
 def make_step(loss_fn: Callable, opt: optax.GradientTransformation, compute_dtype) -> Callable:
+    cast_loss = _on_cast_params(loss_fn, compute_dtype)
+
     def step(state, frozen, batch):
-        def f(p):
-            return loss_fn(jax.tree.map(lambda x: x.astype(compute_dtype), p), frozen, batch)
+        f = lambda p: cast_loss(p, frozen, batch)
         (loss, metrics), grads = jax.value_and_grad(f, has_aux=True)(state["params"])
         updates, opt_state = opt.update(grads, state["opt_state"], state["params"])
         new = {"step": state["step"] + 1, "params": optax.apply_updates(state["params"], updates),
@@ -80,13 +86,11 @@ def evaluate(loss_fn: Callable, params: dict, frozen, data: TokenDataset, batch_
     """``loss_fn``'s loss, loss_k and acc_k on ``data`` without an update, averaged over its batches of
     ``batch_size`` consecutive rows (a last partial batch is dropped; fewer rows make one batch): how a
     run does on rows it never trained on, next to the training bar's figures."""
-    f = jax.jit(lambda p, fr, b: loss_fn(jax.tree.map(lambda x: x.astype(compute_dtype), p), fr, b))
+    f = jax.jit(_on_cast_params(loss_fn, compute_dtype))
     bs = min(batch_size, len(data))
     recs = []
     for a in range(0, len(data) - bs + 1, bs):
-        batch = {"tokens": jnp.asarray(data.tokens_NT[a:a + bs], jnp.int32),
-                 "weight": jnp.asarray(data.weight_NT[a:a + bs], jnp.float32)}
-        loss, m = f(params, frozen, batch)
+        loss, m = f(params, frozen, {k: jnp.asarray(v) for k, v in data.take(slice(a, a + bs)).items()})
         recs.append((float(loss), np.asarray(m["loss_k"]), np.asarray(m["acc_k"])))
     mean = lambda i: np.mean([r[i] for r in recs], axis=0)
     return {"rows": len(recs) * bs, "loss": float(mean(0)), "loss_k": mean(1).tolist(), "acc_k": mean(2).tolist()}
