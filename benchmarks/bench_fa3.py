@@ -6,7 +6,9 @@ causal); t = median of CUPTI-measured GPU time of all kernels the call launches.
 only takes fp16, so its column is filled on fp16 rows. ``specjax`` is the kernel with
 ``default_config(hd, S)`` (what the jitted entry picks); ``--variants`` also times both fixed
 variants in the same process: one CTA per tile (``specjax_grid``) and the persistent grid
-(``specjax_persistent``, ``num_ctas`` = the device's SM count). Writes
+(``specjax_persistent``, ``num_ctas`` = the device's SM count), and ``specjax_overlap``:
+``overlap_config(hd, S)``, default_config's schedule with FA3's intra-warpgroup overlap (block_kv
+capped to fit registers: hd64 256 -> 128). Writes
 ``benchmarks/results/fa3_<device>_<date><tag>.{json,md}`` (or under ``--out``). Needs a GPU.
 
     PYTHONPATH=. python3 benchmarks/bench_fa3.py [--quick] [--variants] [--tag _x] [--out DIR]
@@ -28,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.mosaic.gpu import profiler
 
-from pallas_kernels.flash_attention import default_config, flash_attention_fwd, key_end
+from pallas_kernels.flash_attention import default_config, flash_attention_fwd, key_end, overlap_config
 from specjax.files import atomic_write_text
 
 
@@ -39,7 +41,8 @@ def _mgpu(causal: bool, hd: int):
     return functools.partial(am.attention, config=cfg)
 
 
-IMPLS = ("specjax", "specjax_grid", "specjax_persistent", "cudnn", "jax_mgpu")
+IMPLS = ("specjax", "specjax_grid", "specjax_persistent", "specjax_overlap", "cudnn", "jax_mgpu")
+VARIANTS = ("specjax_grid", "specjax_persistent", "specjax_overlap")  # timed with --variants only
 
 
 def _impls(S: int, hd: int, causal: bool, dtype, persistent_ctas: int | None):
@@ -51,10 +54,13 @@ def _impls(S: int, hd: int, causal: bool, dtype, persistent_ctas: int | None):
         "cudnn": jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
                                                                       implementation="cudnn")),
     }
-    if persistent_ctas:  # both fixed variants
+    if persistent_ctas:  # both fixed variants, and default_config's schedule with overlap
         impls["specjax_grid"] = specjax(default_config(hd))
         impls["specjax_persistent"] = specjax(
             dataclasses.replace(default_config(hd), persistent=True, num_ctas=persistent_ctas))
+        ov = overlap_config(hd, S)
+        impls["specjax_overlap"] = specjax(
+            dataclasses.replace(ov, num_ctas=persistent_ctas) if ov.persistent else ov)
     if dtype == jnp.float16:
         impls["jax_mgpu"] = jax.jit(_mgpu(causal, hd))
     return (B, S, H, hd), impls
@@ -78,7 +84,8 @@ def main(argv=None) -> None:
     ap.add_argument("--tag", default="", help="suffix of the result files' names")
     ap.add_argument("--variants", action="store_true",
                     help="also time both fixed variants: one CTA per tile (specjax_grid) and the persistent "
-                         "grid (specjax_persistent); specjax is default_config's choice of the two")
+                         "grid (specjax_persistent); specjax is default_config's choice of the two; and "
+                         "specjax_overlap: default_config's schedule with intra-warpgroup overlap")
     ap.add_argument("--num-ctas", type=int, default=None,
                     help="persistent grid size (default: the device's SM count, else 132)")
     args = ap.parse_args(argv)
@@ -105,7 +112,7 @@ def main(argv=None) -> None:
         flops = 4 * B * S * S * H * hd / (2 if causal else 1)
         row = {"S": S, "hd": hd, "causal": causal, "dtype": jnp.dtype(dtype).name}
         for name in IMPLS:
-            if name in ("specjax_grid", "specjax_persistent") and not ctas:
+            if name in VARIANTS and not ctas:
                 continue
             ms = _measure(impls[name], qkv, args.iters) if name in impls else None
             row[f"{name}_tflops"] = None if ms is None else round(flops / ms / 1e9, 1)
@@ -134,14 +141,15 @@ def _write(rows, dev, out_dir, command, quiet=False, persistent_ctas=None, tag="
     fmt = lambda x: "-" if x is None else f"{x:.0f}"
     ratio = lambda a, b: "-" if not (a and b) else f"{a / b:.2f}"
     var = persistent_ctas is not None
-    md = ["| dtype | hd | causal | S | specjax |" + (" grid | persistent |" if var else "")
-          + " cuDNN | attention_mgpu | specjax/cuDNN |",
-          "|---|---|---|---|---|---|---|---|" + ("---|---|" if var else "")]
+    md = ["| dtype | hd | causal | S | specjax |" + (" grid | persistent | overlap |" if var else "")
+          + " cuDNN | attention_mgpu | specjax/cuDNN |" + (" overlap/cuDNN |" if var else ""),
+          "|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if var else "")]
     for r in rows:
-        extra = f"{fmt(r.get('specjax_grid_tflops'))} | {fmt(r.get('specjax_persistent_tflops'))} | " if var else ""
+        extra = "".join(f"{fmt(r.get(f'{n}_tflops'))} | " for n in VARIANTS) if var else ""
+        ov = f" {ratio(r.get('specjax_overlap_tflops'), r['cudnn_tflops'])} |" if var else ""
         md.append(f"| {r['dtype']} | {r['hd']} | {r['causal']} | {r['S']} | {fmt(r['specjax_tflops'])} | " + extra
                   + f"{fmt(r['cudnn_tflops'])} | {fmt(r['jax_mgpu_tflops'])} | "
-                  f"{ratio(r['specjax_tflops'], r['cudnn_tflops'])} |")
+                  f"{ratio(r['specjax_tflops'], r['cudnn_tflops'])} |" + ov)
     for path, text in ((base + ".json", json.dumps(doc, indent=1)),
                        (base + ".md", f"{dev.device_kind}, jax {jax.__version__}, {date}, TFLOPS\n\n"
                         + "\n".join(md) + "\n")):

@@ -9,6 +9,14 @@ One CTA owns ``2 * block_q`` query rows of one (batch, head). Three warpgroups:
     does its online softmax (exp2, scale folded into one FMA), so the tensor cores stay busy.
     QK^T is wgmma SMEM x SMEM; PV is wgmma with P in registers (A operand) into the running acc.
 
+Intra-warpgroup overlap (``TuningConfig(overlap=True)``, FA3's Algorithm 2, both schedules): a
+consumer issues the QK^T of block j and the PV of block j - 1 back to back (async, one wgmma group
+each), waits with ``wgmma_wait(1)`` semantics for the QK^T only, and does block j's softmax while
+its PV still runs on the tensor cores; it then waits for the PV and rescales O. The ping-pong with
+the other consumer is kept (two ``schedule`` rendezvous per step, as without overlap). A consumer
+then holds O, S of block j and the P of blocks j - 1 and j in registers: ``max_overlap_block_kv``
+bounds block_kv per head dim (``overlap_config`` picks it).
+
 Masking is one rule: key ``s`` is visible to query row ``t`` of batch ``b`` iff ``s < k_end[b, t]``
 (see ``key_end``). It expresses non-causal, causal top-left, causal bottom-right (KV-cache offsets),
 per-sequence lengths and the model's ``s <= q_pos`` rule. Per CTA the kernel reads the min / max
@@ -55,6 +63,15 @@ _MASKED = -1e30  # finite: a row that has seen only masked keys still has a fini
 
 
 _SMEM_LIMIT = 227 * 1024  # bytes of shared memory one Hopper CTA may use
+_OVERLAP_REGISTERS = 192  # of a consumer thread's 232: O, S and two P tiles with overlap=True
+
+
+def max_overlap_block_kv(head_dim: int) -> int:
+    """Largest block_kv for ``overlap=True``. Per thread of a consumer warpgroup a [64, n] float32
+    tile takes n / 2 registers: O (head_dim / 2), S of block j (block_kv / 2) and the 16-bit P of
+    blocks j - 1 (read by the PV in flight) and j (block_kv / 4 each) must fit 192 of the 232
+    registers (the rest: m, l, k_end, indices, addresses). hd 64 and 128: 128, hd 256: 64."""
+    return (_OVERLAP_REGISTERS - head_dim // 2) // 64 * 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,13 +79,15 @@ class TuningConfig:
     """Block sizes of the forward kernel. ``interpretable`` swaps PV's register A-operand and
     accumulator-init wgmma for SMEM x SMEM + add, which the Mosaic GPU interpreter can run.
     ``persistent`` launches ``min(num_ctas, work items)`` CTAs that loop over (q tile, batch, head)
-    items instead of one CTA per item (module docstring)."""
+    items instead of one CTA per item; ``overlap`` overlaps each consumer's softmax of block j with
+    its own PV of block j - 1 (module docstring; block_kv <= ``max_overlap_block_kv(head_dim)``)."""
     block_q: int = 64        # query rows per consumer warpgroup (a CTA owns 2 * block_q)
     block_kv: int = 128      # keys per pipeline step
     num_stages: int = 2      # K/V SMEM ring depth
     interpretable: bool = False
     persistent: bool = False
     num_ctas: int = 132      # persistent grid size: the SM count of an H100 / H200
+    overlap: bool = False    # intra-warpgroup overlap: QK^T of block j in flight with PV of j - 1
 
     def __post_init__(self):
         if self.block_q != 64:
@@ -79,9 +98,19 @@ class TuningConfig:
             raise ValueError(f"num_stages must be >= 2 (double buffering), got {self.num_stages}")
         if not isinstance(self.persistent, bool):
             raise ValueError(f"persistent must be True or False, got {self.persistent!r}")
+        if not isinstance(self.overlap, bool):
+            raise ValueError(f"overlap must be True or False, got {self.overlap!r}")
         if isinstance(self.num_ctas, bool) or not isinstance(self.num_ctas, int) or self.num_ctas < 1:
             raise ValueError(f"num_ctas must be a positive int (CTAs of the persistent grid, at most "
                              f"one per SM is useful), got {self.num_ctas!r}")
+
+    def check_head_dim(self, head_dim: int) -> None:
+        """Raises ValueError where ``overlap`` would not fit the consumers' registers."""
+        if self.overlap and self.block_kv > max_overlap_block_kv(head_dim):
+            raise ValueError(
+                f"overlap=True keeps O, S and two P tiles in registers: at head dim {head_dim} "
+                f"block_kv must be <= {max_overlap_block_kv(head_dim)}, got {self.block_kv} "
+                f"(overlap_config(head_dim) picks one that fits)")
 
     def _tile_bytes(self, head_dim: int, itemsize: int) -> int:
         return 2 * self.block_q * head_dim * itemsize   # one [2 * block_q, d] Q or O tile
@@ -120,6 +149,14 @@ def default_config(head_dim: int, kv_len: int | None = None) -> TuningConfig:
     return TuningConfig(block_kv=block_kv, persistent=True, num_ctas=sms or 132)
 
 
+def overlap_config(head_dim: int, kv_len: int | None = None) -> TuningConfig:
+    """``default_config(head_dim, kv_len)`` (same schedule) with ``overlap=True`` and block_kv
+    capped at ``max_overlap_block_kv(head_dim)`` (hd64: 256 -> 128)."""
+    cfg = default_config(head_dim, kv_len)
+    return dataclasses.replace(cfg, overlap=True,
+                               block_kv=min(cfg.block_kv, max_overlap_block_kv(head_dim)))
+
+
 # ---------------------------------------------------------------- pieces shared by both kernels
 def _kv_range(kmin, kmax, block_kv: int, n_kv_blocks: int):
     """``(n_steps, n_open)``: KV blocks any row of the tile sees, blocks every row sees entirely."""
@@ -139,13 +176,110 @@ def _init_carry(bq: int, d: int):
     return acc, m_i, l_i
 
 
+def _scores_to_p(s, m_i, kend_row, ki, masked: bool, scale_log2: float):
+    """Online softmax of one block's scores: ``(m_new, alpha, p)``, m in the scaled log2 domain, so
+    p = exp2(s * c - m) is one FMA per element; ``masked``: keys at or past ``k_end`` get -1e30."""
+    if masked:
+        col = plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=_WGMMA) + ki * s.shape[1]
+        s = jnp.where(col < lax.broadcast_in_dim(kend_row, s.shape, [0]), s, _MASKED)
+    m_new = jnp.maximum(m_i, s.max(axis=1) * scale_log2)
+    alpha = jnp.exp2(m_i - m_new)
+    return m_new, alpha, jnp.exp2(s * scale_log2 - lax.broadcast_in_dim(m_new, s.shape, [0]))
+
+
+def _issue_pv(o_ref, acc, p_lo, v_smem, p_smem):
+    """Starts PV into the accumulator ``o_ref``: onto ``acc`` with P in registers, or (``p_smem``
+    given: interpretable) into zeros with P staged in SMEM, the caller then adds ``acc``."""
+    if p_smem is None:
+        o_ref[...] = acc
+        plgpu.wgmma(o_ref, p_lo, v_smem)
+    else:
+        p_smem[...] = p_lo
+        plgpu.commit_smem()
+        plgpu.wgmma(o_ref, p_smem, v_smem)
+
+
+def _overlap_steps(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, slot_of, *,
+                   cfg: TuningConfig, scale_log2: float, on_last_qk=None):
+    """``_attend``'s KV loop with intra-warpgroup overlap, for ``n_steps > 0``: step 0 computes
+    P_0; step ki issues QK^T_ki and PV_{ki-1}, waits for the QK^T only (``wgmma_wait(1)``: one
+    group left in flight), does softmax ki while PV_{ki-1} runs, then waits for it and rescales O;
+    after the loop, PV of the last step. Each step has the two ``schedule`` rendezvous of the
+    ping-pong: after issuing its wgmma and after its softmax."""
+    bq, bkv = cfg.block_q, cfg.block_kv
+    k_smem, v_smem, k_ready, v_ready, k_free, v_free = ring
+    sync = functools.partial(_sync, schedule)
+    lo = k_smem.dtype
+
+    def scores_read(ki, slot):  # K's slot may be refilled; last QK^T: q_smem may be too
+        plgpu.barrier_arrive(k_free.at[slot])
+        if on_last_qk is not None:
+            pl.when(ki == n_steps - 1)(on_last_qk)
+
+    def end_step(ki, acc, m_i, l_i, p_lo):
+        acc, m_i, l_i, p_lo = lax.optimization_barrier((acc, m_i, l_i, p_lo))
+        plgpu.barrier_arrive(schedule)     # softmax done: our next wgmma may go after the other's
+        plgpu.barrier_wait(v_ready.at[slot_of(ki)])
+        pl.when(ki + 1 < n_steps)(lambda: plgpu.barrier_wait(k_ready.at[slot_of(ki + 1)]))
+        plgpu.barrier_wait(schedule)
+        return acc, m_i, l_i, p_lo
+
+    def first(acc, m_i, l_i):
+        def qk(s_ref):
+            plgpu.wgmma(s_ref, q_smem, k_smem.at[slot_of(0)].T)
+            sync()                   # let the other warpgroup issue its wgmma
+            return s_ref[...]
+        s = pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32))
+        scores_read(0, slot_of(0))
+        # Step 0 is masked, except for n_open > 0, where (as unmasked) every row sees block 0.
+        kend0 = jnp.maximum(kend_row, jnp.where(n_open > 0, bkv, 0))
+        m_new, alpha, p = _scores_to_p(s, m_i, kend0, 0, True, scale_log2)  # acc is still 0
+        return end_step(0, acc, m_new, l_i * alpha + p.sum(axis=1), p.astype(lo))
+
+    def step(ki, carry, masked: bool):
+        acc, m_i, l_i, p_lo = carry
+        slot, prev = slot_of(ki), slot_of(ki - 1)
+
+        def gemms(s_ref, o_ref):
+            plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].T)
+            _issue_pv(o_ref, acc, p_lo, v_smem.at[prev], p_smem)
+            sync()
+            s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # QK^T done; PV may still run
+            scores_read(ki, slot)
+            m_new, alpha, p = _scores_to_p(s, m_i, kend_row, ki, masked, scale_log2)
+            l_new, p_new = l_i * alpha + p.sum(axis=1), p.astype(lo)
+            return o_ref[...], m_new, alpha, l_new, p_new   # o_ref[...]: waits for the PV
+        o, m_new, alpha, l_new, p_new = pl.run_scoped(
+            gemms, plgpu.ACC((bq, bkv), jnp.float32), plgpu.ACC(acc.shape, jnp.float32))
+        plgpu.barrier_arrive(v_free.at[prev])
+        o = o if p_smem is None else acc + o
+        return end_step(ki, o * lax.broadcast_in_dim(alpha, o.shape, [0]), m_new, l_new, p_new)
+
+    def last(acc, p_lo):
+        slot = slot_of(n_steps - 1)
+
+        def pv(o_ref):
+            _issue_pv(o_ref, acc, p_lo, v_smem.at[slot], p_smem)
+            return o_ref[...]
+        o = pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
+        plgpu.barrier_arrive(v_free.at[slot])
+        return o if p_smem is None else acc + o
+
+    carry = first(*carry)
+    n_open = jnp.maximum(n_open, 1)    # step 0 ran masked
+    carry = lax.fori_loop(1, n_open, functools.partial(step, masked=False), carry)
+    acc, m_i, l_i, p_lo = lax.fori_loop(n_open, n_steps, functools.partial(step, masked=True), carry)
+    return last(acc, p_lo), m_i, l_i
+
+
 def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *, wg,
             cfg: TuningConfig, scale_log2: float, step0=None, on_last_qk=None):
     """One consumer warpgroup's KV loop over its ``block_q`` query rows: ``n_open`` unmasked steps,
     then masked ones up to ``n_steps``, ping-ponged with the other consumer through ``schedule``
     (per tile each warpgroup arrives and waits ``2 * n_steps + 1`` times, so the pairing stays
     balanced from one tile to the next). Tile step ``ki`` uses ring slot ``(step0 + ki) %
-    num_stages`` (``step0`` None: 0). ``on_last_qk`` runs once the last QK^T has read ``q_smem``."""
+    num_stages`` (``step0`` None: 0). ``on_last_qk`` runs once the last QK^T has read ``q_smem``.
+    ``p_smem`` is None unless ``cfg.interpretable``."""
     bq, bkv, stages = cfg.block_q, cfg.block_kv, cfg.num_stages
     k_smem, v_smem, k_ready, v_ready, k_free, v_free = ring
     if step0 is None:
@@ -160,6 +294,13 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
 
     sync = functools.partial(_sync, schedule)
     pl.when(wg == 1)(sync)  # wg 1 starts half a step behind wg 0: ping-pong
+    if cfg.overlap:
+        steps = functools.partial(_overlap_steps, q_smem, p_smem, kend_row, n_open=n_open,
+                                  n_steps=n_steps, ring=ring, schedule=schedule, slot_of=slot_of,
+                                  cfg=cfg, scale_log2=scale_log2, on_last_qk=on_last_qk)
+        carry = lax.cond(n_steps > 0, steps, lambda c: c, carry)
+        pl.when(wg == 0)(sync)
+        return carry
 
     def step(ki, carry, masked: bool):
         acc, m_i, l_i = carry
@@ -173,13 +314,7 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
         plgpu.barrier_arrive(k_free.at[slot])
         if on_last_qk is not None:
             pl.when(ki == n_steps - 1)(on_last_qk)
-        if masked:
-            col = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=_WGMMA) + ki * bkv
-            s = jnp.where(col < lax.broadcast_in_dim(kend_row, (bq, bkv), [0]), s, _MASKED)
-        # m is kept in the scaled log2 domain, so p = exp2(s * c - m) is one FMA per element.
-        m_new = jnp.maximum(m_i, s.max(axis=1) * scale_log2)
-        alpha = jnp.exp2(m_i - m_new)
-        p = jnp.exp2(s * scale_log2 - lax.broadcast_in_dim(m_new, s.shape, [0]))
+        m_new, alpha, p = _scores_to_p(s, m_i, kend_row, ki, masked, scale_log2)
         l_i = l_i * alpha + p.sum(axis=1)
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
         p_lo = p.astype(k_smem.dtype)
@@ -475,6 +610,7 @@ def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT, *, scale: float | None 
     _check(q_BTHd, k_BSGd, v_BSGd, kend_BT)
     (B, T, H, d), (S, G) = q_BTHd.shape, k_BSGd.shape[1:3]
     cfg = config or default_config(d, S)
+    cfg.check_head_dim(d)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     rows = 2 * cfg.block_q
     n_tiles = pl.cdiv(T, rows)
@@ -525,6 +661,8 @@ def main(argv=None) -> None:
     ap.add_argument("--schedule", choices=("default", "grid", "persistent"), default="default",
                     help="default: default_config's pick for this length; grid: one CTA per tile")
     ap.add_argument("--num-ctas", type=int, default=132, help="CTAs of the persistent grid")
+    ap.add_argument("--overlap", action="store_true",
+                    help="intra-warpgroup overlap, block_kv capped as in overlap_config")
     a = ap.parse_args(argv)
     B, S, d = (1, 300, 64) if a.small else (16384 // a.seq, a.seq, a.head_dim)
     H = 2 if a.small else 2048 // d
@@ -533,11 +671,14 @@ def main(argv=None) -> None:
     kend = key_end(B, S, S, causal="top_left" if a.causal else "none")
     cfg = default_config(d, S) if a.schedule == "default" else dataclasses.replace(
         default_config(d), persistent=a.schedule == "persistent", num_ctas=a.num_ctas)
+    if a.overlap:
+        cfg = dataclasses.replace(cfg, overlap=True, block_kv=min(cfg.block_kv, max_overlap_block_kv(d)))
     fwd = functools.partial(flash_attention_fwd, config=cfg)
     o, lse = fwd(q, k, v, kend)
     ref = flash_attention_reference(*(x.astype(jnp.float32) for x in (q, k, v)), kend)[0]
     err = float(jnp.linalg.norm(o.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
-    print(f"B={B} S={S} H={H} d={d} causal={a.causal} persistent={cfg.persistent}: "
+    print(f"B={B} S={S} H={H} d={d} causal={a.causal} persistent={cfg.persistent} "
+          f"overlap={cfg.overlap} block_kv={cfg.block_kv}: "
           f"relative error {err:.2e}")
     if not a.small:
         from jax.experimental.mosaic.gpu import profiler

@@ -12,13 +12,15 @@ from jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call import get_races
 
 from pallas_kernels import dispatch
 from pallas_kernels.flash_attention import (TuningConfig, default_config, flash_attention_fwd,
-                                            flash_attention_reference, key_end)
+                                            flash_attention_reference, key_end, max_overlap_block_kv,
+                                            overlap_config)
 from pallas_kernels.flash_attention_vjp import attention_bwd_blocked, flash_attention
 from specjax.attention import attention_reference
 
 INTERP = TuningConfig(block_kv=64, interpretable=True)
 # persistent, with fewer CTAs than items so each CTA runs several (q tile, batch, head) items
 PERSIST = lambda num_ctas: dataclasses.replace(INTERP, persistent=True, num_ctas=num_ctas)
+OVERLAP = dataclasses.replace(INTERP, overlap=True)
 MODES = ("none", "top_left", "bottom_right", "positions")
 
 
@@ -75,6 +77,42 @@ def test_lowers_odd_lengths_and_gqa(shape, persistent):
     cfg = dataclasses.replace(default_config(d), persistent=persistent)
     f = lambda q, k, v, kend: flash_attention_fwd(q, k, v, kend, config=cfg)
     jax.jit(f).trace(q, k, k, kend).lower(lowering_platforms=("cuda",))
+
+
+@pytest.mark.parametrize("persistent", (False, True))
+@pytest.mark.parametrize("hd,dtype", list(itertools.product((64, 128, 256), ("bfloat16", "float16"))))
+def test_lowers_for_cuda_with_overlap(hd, dtype, persistent):
+    """Every causal mode on an odd GQA shape, and the benchmark table's shortest and longest rows."""
+    cfg = dataclasses.replace(overlap_config(hd), persistent=persistent)
+    assert cfg.overlap and cfg.block_kv == max_overlap_block_kv(hd)
+    lower = lambda q, k, kend: jax.jit(lambda q, k, v: flash_attention_fwd(q, k, v, kend, config=cfg)).trace(
+        q, k, k).lower(lowering_platforms=("cuda",)).as_text()
+    B, T, H, S, G = 2, 77, 2 * REP[hd], 1531, 2
+    q, k = (jax.ShapeDtypeStruct(s, jnp.dtype(dtype)) for s in ((B, T, H, hd), (B, S, G, hd)))
+    for mode in MODES:
+        assert "mosaic_gpu" in lower(q, k, _kend(mode, B, T, S))
+    for S, causal in itertools.product((512, 16384), ("none", "top_left")):
+        B, H = 16384 // S, 2048 // hd
+        q = jax.ShapeDtypeStruct((B, S, H, hd), jnp.dtype(dtype))
+        assert "mosaic_gpu" in lower(q, q, key_end(B, S, S, causal=causal))
+
+
+def test_overlap_config_and_register_limit():
+    """overlap_config keeps default_config's schedule and caps block_kv (hd64: 256 -> 128); a
+    block_kv past the register budget is a ValueError naming the limit."""
+    for hd, bkv in ((64, 128), (128, 128), (256, 64)):
+        assert max_overlap_block_kv(hd) == bkv
+        for S in (None, 512, 16384):
+            cfg, base = overlap_config(hd, S), default_config(hd, S)
+            assert cfg == dataclasses.replace(base, overlap=True, block_kv=bkv), (hd, S)
+    for hd, bkv in ((64, 256), (128, 192), (256, 128)):
+        q = jax.ShapeDtypeStruct((1, 256, 2, hd), jnp.bfloat16)
+        f = lambda q, k, v: flash_attention_fwd(q, k, v, jnp.full((1, 256), 256, jnp.int32),
+                                                config=TuningConfig(block_kv=bkv, overlap=True))
+        with pytest.raises(ValueError, match=f"block_kv must be <= {max_overlap_block_kv(hd)}"):
+            jax.jit(f).trace(q, q, q)
+    with pytest.raises(ValueError, match="overlap"):
+        TuningConfig(overlap=1)
 
 
 def test_shared_memory_overflow_is_caught_at_lowering():
@@ -219,6 +257,50 @@ def test_interpreter_finds_no_races(config, shape, mode):
     _check_close(q, k, v, kend, o, lse, tol=2e-3)
 
 
+@pytest.mark.parametrize("persistent", (False, True))
+@pytest.mark.parametrize("mode,shape", [("none", (1, 128, 2, 256, 2, 64)),
+                                        ("top_left", (1, 200, 2, 200, 1, 64)),
+                                        ("bottom_right", (2, 70, 4, 300, 2, 64)),
+                                        ("positions", (2, 9, 3, 130, 1, 64)),
+                                        ("bottom_right", (1, 130, 2, 190, 1, 256))])
+def test_interpreter_overlap_matches_reference(mode, shape, persistent):
+    """Intra-warpgroup overlap: tiles of 1 to 5 KV steps (prologue, unmasked and masked loop
+    steps, epilogue PV), both schedules (persistent: 3 CTAs over more items)."""
+    B, T, H, S, G, d = shape
+    q, k, v = _inputs(4, *shape, jnp.bfloat16)
+    kend = _kend(mode, B, T, S)
+    with plgpu.force_gpu_interpret_mode():
+        o, lse = flash_attention_fwd(q, k, v, kend, config=dataclasses.replace(
+            OVERLAP, persistent=persistent, num_ctas=3))
+    _check_close(q, k, v, kend, o, lse, tol=1e-2)
+
+
+@pytest.mark.parametrize("config", [OVERLAP, dataclasses.replace(OVERLAP, persistent=True, num_ctas=3)],
+                         ids=["grid", "persistent"])
+def test_interpreter_overlap_rows_that_see_no_key(config):
+    B, T, H, S, G, d = 3, 150, 2, 200, 1, 64
+    q, k, v = _inputs(8, B, T, H, S, G, d, jnp.bfloat16)
+    kend = key_end(B, T, S, causal="bottom_right", kv_lens_B=[200, 60, 0], q_lens_B=[150, 40, 70])
+    with plgpu.force_gpu_interpret_mode():
+        o, lse = flash_attention_fwd(q, k, v, kend, config=config)
+    _check_close(q, k, v, kend, o, lse, tol=1e-2)
+
+
+@pytest.mark.parametrize("config,shape,mode", [
+    (OVERLAP, (1, 128, 1, 256, 1, 64), "top_left"),
+    (dataclasses.replace(OVERLAP, persistent=True, num_ctas=1), (1, 256, 1, 256, 1, 64), "top_left"),
+    (dataclasses.replace(OVERLAP, persistent=True, num_ctas=1), (1, 130, 1, 150, 1, 256), "none"),
+], ids=["grid", "persistent", "persistent-hd256"])
+def test_interpreter_overlap_finds_no_races(config, shape, mode):
+    B, T, H, S, G, d = shape
+    q, k, v = _inputs(5, *shape, jnp.float16)
+    kend = _kend(mode, B, T, S)
+    with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams(detect_races=True)):
+        o, lse = flash_attention_fwd(q, k, v, kend, config=config)
+        assert not get_races().races_found
+    _check_close(q, k, v, kend, o, lse, tol=2e-3)
+
+
 def test_custom_vjp_in_interpreter_matches_grad_of_reference():
     B, T, H, S, G, d = 1, 64, 2, 100, 1, 64
     q, k, v = _inputs(6, B, T, H, S, G, d, jnp.float32)
@@ -251,7 +333,18 @@ def _poison(*shapes):
 @pytest.mark.parametrize("persistent", (False, True))
 @pytest.mark.parametrize("dtype,hd,mode", GPU_CASES)
 def test_gpu_matches_float32_reference(dtype, hd, mode, persistent):
-    cfg = dataclasses.replace(default_config(hd), persistent=persistent)
+    _gpu_vs_reference(dataclasses.replace(default_config(hd), persistent=persistent), dtype, hd, mode)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("persistent", (False, True))
+@pytest.mark.parametrize("dtype,hd,mode", GPU_CASES)
+def test_gpu_overlap_matches_float32_reference(dtype, hd, mode, persistent):
+    _gpu_vs_reference(dataclasses.replace(overlap_config(hd), persistent=persistent), dtype, hd, mode)
+
+
+def _gpu_vs_reference(cfg, dtype, hd, mode):
+    """GQA (H / G per head dim: REP), odd lengths, every causal mode; outputs poisoned first."""
     G = 2
     H = G * REP[hd]
     for B, T, S in ((2, 1000, 1000), (3, 77, 1531), (1, 4096, 4096)):
@@ -270,8 +363,18 @@ def test_gpu_matches_float32_reference(dtype, hd, mode, persistent):
 def test_gpu_varlen_padding_rows_and_grad(d, persistent):
     """Includes tiles whose KV steps some warpgroup's rows (all padding) see none of; at hd 64 and
     256 their all-masked scores give p = inf before the epilogue's select."""
+    _gpu_varlen_and_grad(dataclasses.replace(default_config(d), persistent=persistent), d)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("persistent", (False, True))
+@pytest.mark.parametrize("d", (64, 128, 256))
+def test_gpu_overlap_varlen_padding_rows_and_grad(d, persistent):
+    _gpu_varlen_and_grad(dataclasses.replace(overlap_config(d), persistent=persistent), d)
+
+
+def _gpu_varlen_and_grad(cfg, d):
     B, T, H, S, G = 3, 300, 8, 700, 2
-    cfg = dataclasses.replace(default_config(d), persistent=persistent)
     q, k, v = _inputs(9, B, T, H, S, G, d, jnp.bfloat16)
     kend = key_end(B, T, S, causal="bottom_right", kv_lens_B=[700, 450, 300], q_lens_B=[300, 120, 1])
     _poison((B, T, H, d))
