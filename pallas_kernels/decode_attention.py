@@ -95,16 +95,95 @@ def split_geometry(seq_len: int, cfg: TuningConfig) -> tuple[int, int]:
 
 
 # ------------------------------------------------------------------------------------- kernels
-def _key_block(i, carry, *, q_Md, k_ref, v_ref, pos_M, start, block_k, seq_len, scale_log2):
-    """One online-softmax step over keys [start + i*block_k, +block_k) (inside kernel 1)."""
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """Static geometry of one call, shared by the kernels (not a tuning knob)."""
+    T: int            # queries per sequence
+    H: int            # query heads
+    G: int            # kv heads
+    N: int            # head rows per token in the source array: H (q), or H + 2G (fused q|k|v)
+    S: int            # cache slots
+    d: int            # head dim
+    block_m: int
+    block_k: int
+    split_len: int
+    scale_log2: float
+    fused: bool       # source is q|k|v before RoPE: rotate, substitute new keys, write them to the cache
+
+    @property
+    def R(self) -> int:
+        return self.H // self.G
+
+
+def _tile_rows(L: _Layout, g, i):
+    """Packed rows ``m = t * R + r`` of tile i of kv head g: (t clamped to a valid query, the row of
+    that query in the source array, the row of its output in ``[T * H, d]``, valid = t < T)."""
+    m = i * L.block_m + lax.broadcasted_iota(jnp.int32, (L.block_m,), 0)
+    t, r = m // L.R, m % L.R
+    valid = t < L.T
+    t = jnp.where(valid, t, 0)
+    return t, t * L.N + g * L.R + r, t * L.H + g * L.R + r, valid
+
+
+def _rows2d(mask_M, d):
+    return jnp.broadcast_to(mask_M[:, None], (mask_M.shape[0], d))
+
+
+def _at_rows(ref, row_M, col_d=None):
+    """``ref`` [rows, d] at rows ``row_M`` (and columns ``col_d``, default all): a gather/scatter
+    view indexed by integer arrays in both dims (the form the interpreter also runs)."""
+    col_d = lax.broadcasted_iota(jnp.int32, (ref.shape[-1],), 0) if col_d is None else col_d
+    return ref.at[row_M[:, None], col_d[None, :]]
+
+
+def _store_rows(ref, row_M, val_Md, mask_M):
+    """Masked scatter of rows. Masked rows get an out-of-range index as well: the GPU skips them by
+    the mask, the interpreter's scatter drops them (a clamped duplicate index could win there)."""
+    row_M = jnp.where(mask_M, row_M, ref.shape[0])
+    plgpu.store(_at_rows(ref, row_M), val_Md, mask=_rows2d(mask_M, val_Md.shape[1]))
+
+
+def _rope_rows(src_ref, cos_ref, sin_ref, row_M, t_M, mask_M, d):
+    """HF rotate-half RoPE of source rows ``row_M`` at the positions of queries ``t_M`` (float32):
+    x * cos + rotate_half(x) * sin, rotate_half(x)[c] = -x[c + d/2] (c < d/2), x[c - d/2] (else)."""
+    col = lax.broadcasted_iota(jnp.int32, (d,), 0)
+    rot = jnp.where(col < d // 2, col + d // 2, col - d // 2)
+    sign = jnp.where(col < d // 2, -1.0, 1.0).astype(jnp.float32)
+    mask = _rows2d(mask_M, d)
+    x = plgpu.load(_at_rows(src_ref, row_M), mask=mask, other=0.0).astype(jnp.float32)
+    x_rot = plgpu.load(_at_rows(src_ref, row_M, rot), mask=mask, other=0.0).astype(jnp.float32)
+    cos, sin = plgpu.load(_at_rows(cos_ref, t_M)), plgpu.load(_at_rows(sin_ref, t_M))
+    return x * cos + (x_rot * sign[None, :]) * sin
+
+
+def _new_rows(refs, L: _Layout, g, t_M, mask_M, dtype):
+    """This call's K and V rows for kv head g at queries ``t_M`` (fused mode), in the cache dtype."""
+    src_ref, cos_ref, sin_ref = refs
+    k = _rope_rows(src_ref, cos_ref, sin_ref, t_M * L.N + L.H + g, t_M, mask_M, L.d)
+    v = plgpu.load(_at_rows(src_ref, t_M * L.N + L.H + L.G + g), mask=_rows2d(mask_M, L.d), other=0.0)
+    return k.astype(dtype), v.astype(dtype)
+
+
+def _key_block(i, carry, *, q_Md, k_ref, v_ref, pos_M, start, L: _Layout, new):
+    """One online-softmax step over keys [start + i*block_k, +block_k) (inside kernel 1). ``new``
+    (fused mode: (refs, g, first new slot)) replaces the cache's rows of this call's tokens by the
+    K/V computed here, so no kernel reads a row while another writes it."""
     acc_Md, m_M, l_M = carry
-    first = start + i * block_k
-    key_K = first + lax.broadcasted_iota(jnp.int32, (block_k,), 0)
-    in_cache = key_K < seq_len
-    load_mask = jnp.broadcast_to(in_cache[:, None], (block_k, q_Md.shape[1]))
-    k_Kd = plgpu.load(k_ref.at[pl.ds(first, block_k), :], mask=load_mask, other=0.0)
-    v_Kd = plgpu.load(v_ref.at[pl.ds(first, block_k), :], mask=load_mask, other=0.0)
-    s_MK = plgpu.dot(q_Md, k_Kd, trans_b=True) * scale_log2          # log2 domain
+    first = start + i * L.block_k
+    key_K = first + lax.broadcasted_iota(jnp.int32, (L.block_k,), 0)
+    in_cache = key_K < L.S
+    k_Kd = plgpu.load(k_ref.at[pl.ds(first, L.block_k), :], mask=_rows2d(in_cache, L.d), other=0.0)
+    v_Kd = plgpu.load(v_ref.at[pl.ds(first, L.block_k), :], mask=_rows2d(in_cache, L.d), other=0.0)
+    if new is not None:
+        refs, g, slot0 = new
+        t_K = key_K - slot0
+        is_new = (t_K >= 0) & (t_K < L.T)
+
+        def merge():
+            k_new, v_new = _new_rows(refs, L, g, jnp.where(is_new, t_K, 0), is_new, k_Kd.dtype)
+            return (jnp.where(_rows2d(is_new, L.d), k_new, k_Kd), jnp.where(_rows2d(is_new, L.d), v_new, v_Kd))
+        k_Kd, v_Kd = lax.cond((first < slot0 + L.T) & (first + L.block_k > slot0), merge, lambda: (k_Kd, v_Kd))
+    s_MK = plgpu.dot(q_Md, k_Kd, trans_b=True) * L.scale_log2        # log2 domain
     visible = (key_K[None, :] <= pos_M[:, None]) & in_cache[None, :]
     s_MK = jnp.where(visible, s_MK, -jnp.inf)
     m_new = jnp.maximum(m_M, s_MK.max(axis=1))
@@ -126,49 +205,80 @@ def _last_key(pos_M, seq_len):
     return jnp.minimum(jnp.max(pos_M), seq_len - 1)
 
 
-def _split_kernel(q_ref, k_ref, v_ref, pos_ref, *out_refs, block_k, split_len, seq_len, scale_log2):
+def _write_new_rows(refs, k_out_ref, v_out_ref, L: _Layout, g, slot0, dtype):
+    """Fused mode, one program per (b, g): the T new K/V rows into cache slots slot0 .. slot0+T-1."""
+    t = lax.broadcasted_iota(jnp.int32, (MAX_QUERIES,), 0)
+    ok = (t < L.T) & (slot0 + t < L.S)
+    t = jnp.where(ok, t, 0)
+    k_new, v_new = _new_rows(refs, L, g, t, ok, dtype)
+    _store_rows(k_out_ref, slot0 + t, k_new, ok)
+    _store_rows(v_out_ref, slot0 + t, v_new, ok)
+
+
+def _split_kernel(*refs, L: _Layout, n_splits: int):
     """Kernel 1: one program = (sequence b, kv head g, row tile i, key split j).
 
-    q_ref [block_m, d], k_ref / v_ref [S, d] (the whole cache row of (b, g); only visited blocks are
-    loaded), pos_ref [block_m]. One split: writes o [block_m, d] normalised. Several: a split holding
-    no visible key returns at once; others write the partials o [block_m, d] (unnormalised, only rows
-    that saw a key), m and l [block_m]."""
-    pos_M = pos_ref[...]
-    start = pl.program_id(3) * split_len
-    n_keys = jnp.clip(_last_key(pos_M, seq_len) + 1 - start, 0, split_len)
-    n_blocks = lax.div(n_keys + block_k - 1, block_k)
+    Inputs: src [T * N, d] (the queries, or q|k|v before RoPE), pos [T], (fused: cos, sin [T, d]),
+    k / v [S, d] (the whole cache row of (b, g); only visited blocks are loaded). Outputs: one split:
+    o [T * H, d] float32, this tile's rows written, normalised; several: partials o [block_m, d]
+    (unnormalised, only rows that saw a key), m and l [block_m], a split holding no visible key
+    returning at once. Fused mode adds the caches (aliased to the inputs); program (b, g, 0, 0)
+    writes the new rows."""
+    if L.fused:
+        src_ref, pos_ref, cos_ref, sin_ref, k_ref, v_ref, *out_refs, k_out_ref, v_out_ref = refs
+    else:
+        (src_ref, pos_ref, k_ref, v_ref, *out_refs), cos_ref = refs, None
+    g, i, j = pl.program_id(1), pl.program_id(2), pl.program_id(3)
+    t_M, src_M, dst_M, valid_M = _tile_rows(L, g, i)
+    pos_M = jnp.where(valid_M, plgpu.load(pos_ref.at[t_M]), -1)
+    start = j * L.split_len
+    n_keys = jnp.clip(_last_key(pos_M, L.S) + 1 - start, 0, L.split_len)
+    n_blocks = lax.div(n_keys + L.block_k - 1, L.block_k)
+    new = None
+    if L.fused:
+        slot0, rope = pos_ref[0], (src_ref, cos_ref, sin_ref)
+        new = (rope, g, slot0)
+
+        @pl.when((i == 0) & (j == 0))
+        def _():
+            _write_new_rows(rope, k_out_ref, v_out_ref, L, g, slot0, k_ref.dtype)
 
     def attend():
-        q_Md = q_ref[...]
-        M, d = q_Md.shape
-        init = (jnp.zeros((M, d), jnp.float32), jnp.full((M,), -jnp.inf, jnp.float32),
+        if L.fused:
+            q_Md = _rope_rows(src_ref, cos_ref, sin_ref, src_M, t_M, valid_M, L.d).astype(k_ref.dtype)
+        else:
+            q_Md = plgpu.load(_at_rows(src_ref, src_M), mask=_rows2d(valid_M, L.d), other=0.0)
+        M = q_Md.shape[0]
+        init = (jnp.zeros((M, L.d), jnp.float32), jnp.full((M,), -jnp.inf, jnp.float32),
                 jnp.zeros((M,), jnp.float32))
         step = functools.partial(_key_block, q_Md=q_Md, k_ref=k_ref, v_ref=v_ref, pos_M=pos_M, start=start,
-                                 block_k=block_k, seq_len=seq_len, scale_log2=scale_log2)
+                                 L=L, new=new)
         return lax.fori_loop(0, n_blocks, step, init)
 
-    if len(out_refs) == 1:
+    if n_splits == 1:
         acc_Md, _, l_M = attend()
-        out_refs[0][...] = _normalise(acc_Md, l_M)
+        _store_rows(out_refs[0], dst_M, _normalise(acc_Md, l_M), valid_M)
         return
 
     @pl.when(n_blocks > 0)
     def _():
         acc_Md, m_M, l_M = attend()
         o_ref, m_ref, l_ref = out_refs
-        plgpu.store(o_ref, acc_Md, mask=jnp.broadcast_to((m_M > -jnp.inf)[:, None], acc_Md.shape))
+        plgpu.store(o_ref, acc_Md, mask=_rows2d(m_M > -jnp.inf, L.d))
         m_ref[...] = m_M
         l_ref[...] = l_M
 
 
-def _combine_kernel(pos_ref, o_ref, m_ref, l_ref, out_ref, *, split_len, seq_len):
+def _combine_kernel(pos_ref, o_ref, m_ref, l_ref, out_ref, *, L: _Layout):
     """Kernel 2: one program = (b, g, row tile); merges row by row, in split order, the partials of
     the splits kernel 1 ran for this tile (those up to the tile's last visible key).
 
-    pos_ref [block_m]; o_ref [n_splits, block_m, d] (rows a split did not see are unwritten and
-    never loaded), m_ref / l_ref [n_splits, block_m]; out_ref [block_m, d] float32."""
-    n_active = lax.div(jnp.maximum(_last_key(pos_ref[...], seq_len) + 1, 0) + split_len - 1, split_len)
-    M = out_ref.shape[0]
+    pos_ref [T]; o_ref [n_splits, block_m, d] (rows a split did not see are unwritten and never
+    loaded), m_ref / l_ref [n_splits, block_m]; out_ref [T * H, d] float32 (this tile's rows)."""
+    t_M, _, dst_M, valid_M = _tile_rows(L, pl.program_id(1), pl.program_id(2))
+    pos_M = jnp.where(valid_M, plgpu.load(pos_ref.at[t_M]), -1)
+    n_active = lax.div(jnp.maximum(_last_key(pos_M, L.S) + 1, 0) + L.split_len - 1, L.split_len)
+    M = L.block_m
     m_max = lax.fori_loop(0, n_active, lambda j, m: jnp.maximum(m, m_ref[j, :]),
                           jnp.full((M,), -jnp.inf, jnp.float32))
     m_use = jnp.where(m_max == -jnp.inf, 0.0, m_max)
@@ -177,85 +287,88 @@ def _combine_kernel(pos_ref, o_ref, m_ref, l_ref, out_ref, *, split_len, seq_len
         acc_Md, l_M = carry
         m_j = m_ref[j, :]
         w_M = jnp.where(m_j == m_max, 1.0, jnp.exp2(m_j - m_use))  # 0 where split j saw nothing
-        seen = jnp.broadcast_to((m_j > -jnp.inf)[:, None], out_ref.shape)
-        o_j = plgpu.load(o_ref.at[j], mask=seen, other=0.0)
+        o_j = plgpu.load(o_ref.at[j], mask=_rows2d(m_j > -jnp.inf, L.d), other=0.0)
         return acc_Md + o_j * w_M[:, None], l_M + l_ref[j, :] * w_M
 
-    init = (jnp.zeros(out_ref.shape, jnp.float32), jnp.zeros((M,), jnp.float32))
+    init = (jnp.zeros((M, L.d), jnp.float32), jnp.zeros((M,), jnp.float32))
     acc_Md, l_M = lax.fori_loop(0, n_active, merge, init)
-    out_ref[...] = _normalise(acc_Md, l_M)
+    _store_rows(out_ref, dst_M, _normalise(acc_Md, l_M), valid_M)
 
 
 # ------------------------------------------------------------------------------------- builder
-def _build(B: int, G: int, S: int, d: int, rows: int, cfg: TuningConfig, scale: float, interpret: bool):
-    """Builder (not a kernel): ``fn(q_BGMd, k_BSGd, v_BSGd, pos_BM) -> o_BGMd`` float32."""
-    n_splits, split_len = split_geometry(S, cfg)
-    bm, tiles = cfg.block_m, rows // cfg.block_m
+def _build(B: int, L: _Layout, cfg: TuningConfig, interpret: bool):
+    """Builder (not a kernel): ``fn(src, pos, [cos, sin,] k, v) -> o [B, T*H, d]`` float32, plus the
+    updated caches in fused mode."""
+    n_splits = -(-L.S // L.split_len)
+    tiles = packed_rows(L.R, L.block_m) // L.block_m
     params = plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    in_specs = [pl.BlockSpec((None, None, bm, d), lambda b, g, i, j: (b, g, i, 0)),
-                pl.BlockSpec((None, S, None, d), lambda b, g, i, j: (b, 0, g, 0)),
-                pl.BlockSpec((None, S, None, d), lambda b, g, i, j: (b, 0, g, 0)),
-                pl.BlockSpec((None, bm), lambda b, g, i, j: (b, i))]
-    kernel = functools.partial(_split_kernel, block_k=cfg.block_k, split_len=split_len, seq_len=S,
-                               scale_log2=scale * _LOG2E)
-    out_BGMd = jax.ShapeDtypeStruct((B, G, rows, d), jnp.float32)
+    per_b = lambda *shape: pl.BlockSpec((None, *shape), lambda b, g, i, j: (b,) + (0,) * len(shape))
+    cache_spec = pl.BlockSpec((None, L.S, None, L.d), lambda b, g, i, j: (b, 0, g, 0))
+    in_specs = [per_b(L.T * L.N, L.d), per_b(L.T)] + ([per_b(L.T, L.d)] * 2 if L.fused else []) + [cache_spec] * 2
+    o_shape = jax.ShapeDtypeStruct((B, L.T * L.H, L.d), jnp.float32)
     if n_splits == 1:
-        return pl.pallas_call(
-            kernel, out_shape=out_BGMd, grid=(B, G, tiles, 1), in_specs=in_specs,
-            out_specs=pl.BlockSpec((None, None, bm, d), lambda b, g, i, j: (b, g, i, 0)),
-            compiler_params=params, interpret=interpret, name="decode_attention")
-    partials = pl.pallas_call(
-        kernel, grid=(B, G, tiles, n_splits), in_specs=in_specs,
-        out_shape=(jax.ShapeDtypeStruct((B, G, n_splits, rows, d), jnp.float32),
-                   jax.ShapeDtypeStruct((B, G, n_splits, rows), jnp.float32),
-                   jax.ShapeDtypeStruct((B, G, n_splits, rows), jnp.float32)),
-        out_specs=(pl.BlockSpec((None, None, None, bm, d), lambda b, g, i, j: (b, g, j, i, 0)),
-                   pl.BlockSpec((None, None, None, bm), lambda b, g, i, j: (b, g, j, i)),
-                   pl.BlockSpec((None, None, None, bm), lambda b, g, i, j: (b, g, j, i))),
-        compiler_params=params, interpret=interpret, name="decode_attention")
+        out_shape, out_specs = [o_shape], [per_b(L.T * L.H, L.d)]
+    else:
+        rows = tiles * L.block_m
+        out_shape = [jax.ShapeDtypeStruct((B, L.G, n_splits, rows, L.d), jnp.float32),
+                     jax.ShapeDtypeStruct((B, L.G, n_splits, rows), jnp.float32),
+                     jax.ShapeDtypeStruct((B, L.G, n_splits, rows), jnp.float32)]
+        out_specs = [pl.BlockSpec((None, None, None, L.block_m, L.d), lambda b, g, i, j: (b, g, j, i, 0)),
+                     pl.BlockSpec((None, None, None, L.block_m), lambda b, g, i, j: (b, g, j, i)),
+                     pl.BlockSpec((None, None, None, L.block_m), lambda b, g, i, j: (b, g, j, i))]
+    aliases = {}
+    if L.fused:  # the caches: written in place (inputs 4, 5 -> the last two outputs)
+        aliases = {4: len(out_shape), 5: len(out_shape) + 1}
+        out_specs = out_specs + [cache_spec] * 2
+    split = functools.partial(
+        pl.pallas_call, functools.partial(_split_kernel, L=L, n_splits=n_splits), grid=(B, L.G, tiles, n_splits),
+        in_specs=in_specs, out_specs=out_specs, input_output_aliases=aliases, compiler_params=params,
+        interpret=interpret, name="decode_attention")
     combine = pl.pallas_call(
-        functools.partial(_combine_kernel, split_len=split_len, seq_len=S), out_shape=out_BGMd,
-        grid=(B, G, tiles),
-        in_specs=[pl.BlockSpec((None, bm), lambda b, g, i: (b, i)),
-                  pl.BlockSpec((None, None, n_splits, bm, d), lambda b, g, i: (b, g, 0, i, 0)),
-                  pl.BlockSpec((None, None, n_splits, bm), lambda b, g, i: (b, g, 0, i)),
-                  pl.BlockSpec((None, None, n_splits, bm), lambda b, g, i: (b, g, 0, i))],
-        out_specs=pl.BlockSpec((None, None, bm, d), lambda b, g, i: (b, g, i, 0)),
+        functools.partial(_combine_kernel, L=L), out_shape=o_shape, grid=(B, L.G, tiles),
+        in_specs=[pl.BlockSpec((None, L.T), lambda b, g, i: (b, 0)),
+                  pl.BlockSpec((None, None, n_splits, L.block_m, L.d), lambda b, g, i: (b, g, 0, i, 0)),
+                  pl.BlockSpec((None, None, n_splits, L.block_m), lambda b, g, i: (b, g, 0, i)),
+                  pl.BlockSpec((None, None, n_splits, L.block_m), lambda b, g, i: (b, g, 0, i))],
+        out_specs=pl.BlockSpec((None, L.T * L.H, L.d), lambda b, g, i: (b, 0, 0)),
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1), interpret=interpret,
         name="decode_attention_combine")
-    return lambda q, k, v, pos: combine(pos, *partials(q, k, v, pos))
+
+    def fn(src, pos, *rest):
+        caches = rest[-2:]
+        shapes = out_shape + ([jax.ShapeDtypeStruct(c.shape, c.dtype) for c in caches] if L.fused else [])
+        outs = split(out_shape=shapes)(src, pos, *rest)
+        o = outs[0] if n_splits == 1 else combine(pos, *outs[:3])
+        return (o, *outs[len(out_shape):]) if L.fused else o
+    return fn
 
 
-# ------------------------------------------------------------------------------- entry point
+# ------------------------------------------------------------------------------- entry points
 def packed_rows(group: int, block_m: int) -> int:
-    """Rows of the packed query array per (b, g): R * MAX_QUERIES rounded up to block_m."""
+    """Rows of the packed query tiles per (b, g): R * MAX_QUERIES rounded up to block_m."""
     return -(-group * MAX_QUERIES // block_m) * block_m
 
 
-def _pack_queries(q_BTHd, G: int, rows: int):
-    """Plain JAX (data movement only): [B,T,H,d] -> [B,G,rows,d], row t*R + r, zero padding rows."""
-    B, T, H, d = q_BTHd.shape
-    q = q_BTHd.reshape(B, T, G, H // G, d).transpose(0, 2, 1, 3, 4).reshape(B, G, T * (H // G), d)
-    return jnp.pad(q, ((0, 0), (0, 0), (0, rows - q.shape[2]), (0, 0)))
-
-
-def _row_positions(q_pos_BT, R: int, rows: int):
-    """Plain JAX: position of each packed row [B, rows]; padding rows get -1 (see nothing)."""
-    pos = jnp.repeat(q_pos_BT.astype(jnp.int32), R, axis=1)
-    return jnp.pad(pos, ((0, 0), (0, rows - pos.shape[1])), constant_values=-1)
-
-
-def _check(q, k, v, q_pos):
-    (B, T, H, d), (Bk, S, G, dk) = q.shape, k.shape
-    if k.shape != v.shape or (Bk, dk) != (B, d) or H % G or q_pos.shape != (B, T) or S < 1:
-        raise ValueError(f"expected q [B,T,H,d], k = v [B,S,G,d] with H % G == 0 and S >= 1, q_pos [B,T]; "
-                         f"got q {q.shape}, k {k.shape}, v {v.shape}, q_pos {q_pos.shape}")
+def _check(q_shape, k, v, T, q_dtype):
+    """q_shape [B, T, H, d] of the queries (H = query heads), k = v [B, S, G, d]."""
+    (B, _, H, d), (Bk, S, G, dk) = q_shape, k.shape
+    if k.shape != v.shape or (Bk, dk) != (B, d) or H % G or S < 1:
+        raise ValueError(f"expected queries [B,T,H,d], k = v [B,S,G,d] with H % G == 0 and S >= 1; "
+                         f"got queries {q_shape}, k {k.shape}, v {v.shape}")
     if not 1 <= T <= MAX_QUERIES:
         raise ValueError(f"decode attention takes 1..{MAX_QUERIES} queries per sequence, got T={T}")
-    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (jnp.bfloat16, jnp.float16):
-        raise ValueError(f"q, k, v must share dtype bfloat16 or float16, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if d not in (64, 128, 256):
-        raise ValueError(f"head dim must be 64, 128 or 256, got {d}")
+    if not (q_dtype == k.dtype == v.dtype) or k.dtype not in (jnp.bfloat16, jnp.float16):
+        raise ValueError(f"q, k, v must share dtype bfloat16 or float16, got {q_dtype}, {k.dtype}, {v.dtype}")
+    if d not in (64, 128):
+        raise ValueError(f"head dim must be 64 or 128, got {d}")
+
+
+def _layout(B, T, H, G, N, S, d, config, scale, fused):
+    cfg = config or default_config(B, G, H // G, d)
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    L = _Layout(T=T, H=H, G=G, N=N, S=S, d=d, block_m=cfg.block_m, block_k=cfg.block_k,
+                split_len=split_geometry(S, cfg)[1], scale_log2=scale * _LOG2E, fused=fused)
+    return L, cfg
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "config", "interpret"))
@@ -265,16 +378,58 @@ def decode_attention(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, *, scale: float | None = 
 
     ``config`` defaults to ``default_config`` (a function of B, G, R and d: never of T or S).
     ``interpret=True`` runs the kernels in the Pallas interpreter (CPU tests)."""
-    _check(q_BTHd, k_BSGd, v_BSGd, q_pos_BT)
     (B, T, H, d), (S, G) = q_BTHd.shape, k_BSGd.shape[1:3]
-    R = H // G
-    cfg = config or default_config(B, G, R, d)
-    rows = packed_rows(R, cfg.block_m)
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    fn = _build(B, G, S, d, rows, cfg, scale, interpret)
-    o_BGMd = fn(_pack_queries(q_BTHd, G, rows), k_BSGd, v_BSGd, _row_positions(q_pos_BT, R, rows))
-    o = o_BGMd[:, :, :T * R].reshape(B, G, T, R, d).transpose(0, 2, 1, 3, 4)
+    _check(q_BTHd.shape, k_BSGd, v_BSGd, T, q_BTHd.dtype)
+    if q_pos_BT.shape != (B, T):
+        raise ValueError(f"q_pos must be [B, T] = {(B, T)}, got {q_pos_BT.shape}")
+    L, cfg = _layout(B, T, H, G, H, S, d, config, scale, fused=False)
+    o = _build(B, L, cfg, interpret)(q_BTHd.reshape(B, T * H, d), q_pos_BT.astype(jnp.int32), k_BSGd, v_BSGd)
     return o.reshape(B, T, H, d)
+
+
+@functools.partial(jax.jit, static_argnames=("n_heads", "scale", "config", "interpret"))
+def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *, n_heads: int,
+                         scale: float | None = None, config: TuningConfig | None = None,
+                         interpret: bool = False):
+    """Jitted entry, one launch (two with several splits) for a decoder layer's attention over T <= 16
+    new tokens per sequence: ``qkv_BTNd`` [B, T, H + 2G, d] is the q|k|v projection before RoPE
+    (float32; heads in HF order), ``cos_BTd`` / ``sin_BTd`` the rotate-half tables of positions
+    ``start_B[b] + t``. The kernel applies RoPE to q and k, writes k and v (in the cache dtype) into
+    slots ``start_B[b] + t`` of the caches (in place when XLA can donate them) and attends causally.
+    Returns ``(o float32 [B, T, H, d], k_BSGd, v_BSGd)``: the same values as RoPE, ``cache.write``
+    and ``decode_attention`` in sequence (``rope_attention_write_reference``), and a query's output
+    has the same bits as from ``decode_attention`` given the same roped, rounded q and caches."""
+    (B, T, N, d), (S, G) = qkv_BTNd.shape, k_BSGd.shape[1:3]
+    H = n_heads
+    if N != H + 2 * G or cos_BTd.shape != (B, T, d) or sin_BTd.shape != (B, T, d) or start_B.shape != (B,):
+        raise ValueError(f"expected qkv [B,T,H+2G,d] with H={H}, G={G}, cos = sin [B,T,d] = {(B, T, d)}, "
+                         f"start [B]; got qkv {qkv_BTNd.shape}, cos {cos_BTd.shape}, sin {sin_BTd.shape}, "
+                         f"start {start_B.shape}")
+    _check((B, T, H, d), k_BSGd, v_BSGd, T, k_BSGd.dtype)
+    L, cfg = _layout(B, T, H, G, N, S, d, config, scale, fused=True)
+    q_pos_BT = start_B.astype(jnp.int32)[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+    o, k_BSGd, v_BSGd = _build(B, L, cfg, interpret)(
+        qkv_BTNd.astype(jnp.float32).reshape(B, T * N, d), q_pos_BT, cos_BTd.astype(jnp.float32),
+        sin_BTd.astype(jnp.float32), k_BSGd, v_BSGd)
+    return o.reshape(B, T, H, d), k_BSGd, v_BSGd
+
+
+def rope_attention_write_reference(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *, n_heads: int,
+                                   scale: float | None = None):
+    """Pure jnp (not a kernel): RoPE, cache writes, then ``decode_attention_reference`` with
+    cache-dtype operands (what the model's XLA path computes)."""
+    H, d = n_heads, qkv_BTNd.shape[-1]
+    G = (qkv_BTNd.shape[2] - H) // 2
+    x = qkv_BTNd.astype(jnp.float32)
+    rope = lambda a: a * cos_BTd[:, :, None] + jnp.concatenate([-a[..., d // 2:], a[..., :d // 2]], -1) * sin_BTd[:, :, None]
+    q, k, v = rope(x[:, :, :H]), rope(x[:, :, H:H + G]), x[:, :, H + G:]
+    T = q.shape[1]
+    write = jax.vmap(lambda c, new, s: lax.dynamic_update_slice(c, new.astype(c.dtype), (s, 0, 0)))
+    k_BSGd, v_BSGd = write(k_BSGd, k, start_B), write(v_BSGd, v, start_B)
+    q_pos_BT = start_B[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+    o = decode_attention_reference(q.astype(k_BSGd.dtype), k_BSGd, v_BSGd, q_pos_BT, scale=scale,
+                                   operand_dtype=k_BSGd.dtype)
+    return o, k_BSGd, v_BSGd
 
 
 def decode_attention_reference(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, *, scale: float | None = None,
@@ -303,20 +458,24 @@ def decode_attention_reference(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, *, scale: float
 
 # ------------------------------------------------------------------------------------ benchmark
 def _bench_inputs(B, T, H, G, d, S, dtype=jnp.bfloat16):
-    """Random q/k/v; the cache is half full: the T queries are positions S/2 - T .. S/2 - 1."""
+    """Random q|k|v (before RoPE), caches, rope tables; the cache is half full: the T new tokens are
+    positions S/2 - T .. S/2 - 1."""
     kq, kk, kv = jax.random.split(jax.random.key(B * T + S), 3)
-    q = jax.random.normal(kq, (B, T, H, d), dtype)
+    qkv = jax.random.normal(kq, (B, T, H + 2 * G, d), jnp.float32)
     k, v = (jax.random.normal(x, (B, S, G, d), dtype) for x in (kk, kv))
-    q_pos = jnp.broadcast_to(S // 2 - T + jnp.arange(T, dtype=jnp.int32), (B, T))
-    return q, k, v, q_pos
+    start = jnp.full((B,), S // 2 - T, jnp.int32)
+    ang = (start[:, None] + jnp.arange(T))[..., None] / 10000.0 ** (jnp.arange(0, d, 2) / d)
+    ang = jnp.concatenate([ang, ang], -1).astype(jnp.float32)
+    return qkv, k, v, jnp.cos(ang), jnp.sin(ang), start
 
 
 def main(argv=None) -> None:
-    """GPU benchmark (not a kernel): median CUPTI kernel time (all kernels of the call, glue
-    included) of ``decode_attention`` vs the model's XLA attention (``decode_attention_reference``
-    with cache-dtype operands), SmolLM2-135M and Llama-3-8B shapes, bf16, cache half full.
-    Also times other ``split_blocks`` (1, 2, 4, 8 and one split for the whole cache) next to the
-    default, to tune ``default_config``."""
+    """GPU benchmark (not a kernel): median CUPTI time (all kernels of the call, glue included) of a
+    layer's attention over T new tokens: the XLA path (RoPE, two cache writes, attention:
+    ``rope_attention_write_reference``) vs the fused kernel ``rope_attention_write`` with the default
+    config and with other ``split_blocks`` (1, 2, 4, 8 and one split for the whole cache), and the
+    plain ``decode_attention`` (queries already roped) with the default config. SmolLM2-135M and
+    Llama-3-8B shapes, bf16, cache half full."""
     import argparse
     import itertools
     import numpy as np
@@ -331,22 +490,25 @@ def main(argv=None) -> None:
 
     shapes = {"smollm2": (9, 3, 64), "llama3-8b": (32, 8, 128)}
     print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}; median of {a.iterations} CUPTI runs, us")
-    print("| model | B | T | S | XLA ref us | kernel us | speedup | default split_blocks "
-          "| split_blocks 1 / 2 / 4 / 8 / whole us | rel err |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | B | T | S | XLA path us | fused us | XLA / fused | plain kernel us | default split_blocks "
+          "| fused, split_blocks 1 / 2 / 4 / 8 / whole us | rel err |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for (name, (H, G, d)), B, T, S in itertools.product(shapes.items(), (1, 8), (1, 8), (512, 2048)):
-        q, k, v, pos = _bench_inputs(B, T, H, G, d, S)
+        args = _bench_inputs(B, T, H, G, d, S)
         cfg = default_config(B, G, H // G, d)
-        t_ref = us(jax.jit(functools.partial(decode_attention_reference, operand_dtype=q.dtype)), q, k, v, pos)
-        t_k = us(functools.partial(decode_attention, config=cfg), q, k, v, pos)
-        alt = [t_k if n == cfg.split_blocks else
-               us(functools.partial(decode_attention, config=dataclasses.replace(cfg, split_blocks=n)), q, k, v, pos)
+        fused = lambda c: functools.partial(rope_attention_write, n_heads=H, config=c)
+        t_ref = us(jax.jit(functools.partial(rope_attention_write_reference, n_heads=H)), *args)
+        t_k = us(fused(cfg), *args)
+        o, k, v = rope_attention_write_reference(*args, n_heads=H)
+        q = jax.random.normal(jax.random.key(0), (B, T, H, d), k.dtype)
+        q_pos = args[-1][:, None] + jnp.arange(T, dtype=jnp.int32)[None]
+        t_plain = us(functools.partial(decode_attention, config=cfg), q, k, v, q_pos)
+        alt = [t_k if n == cfg.split_blocks else us(fused(dataclasses.replace(cfg, split_blocks=n)), *args)
                for n in (1, 2, 4, 8, -(-S // cfg.block_k))]
-        o = decode_attention(q, k, v, pos, config=cfg)
-        ref = decode_attention_reference(q, k, v, pos)
-        err = float(jnp.linalg.norm(o - ref) / jnp.linalg.norm(ref))
-        print(f"| {name} | {B} | {T} | {S} | {t_ref:.1f} | {t_k:.1f} | {t_ref / t_k:.2f}x | {cfg.split_blocks} | "
-              + " / ".join(f"{t:.1f}" for t in alt) + f" | {err:.1e} |", flush=True)
+        got = rope_attention_write(*args, n_heads=H, config=cfg)[0]
+        err = float(jnp.linalg.norm(got - o) / jnp.linalg.norm(o))
+        print(f"| {name} | {B} | {T} | {S} | {t_ref:.1f} | {t_k:.1f} | {t_ref / t_k:.2f}x | {t_plain:.1f} | "
+              f"{cfg.split_blocks} | " + " / ".join(f"{t:.1f}" for t in alt) + f" | {err:.1e} |", flush=True)
 
 
 if __name__ == "__main__":

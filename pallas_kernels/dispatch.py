@@ -6,8 +6,10 @@ to the query at position q_pos[b, t] iff s <= q_pos[b, t] (slots past a sequence
 past its positions, so they are masked by the same rule).
 
   * T <= 16 (decode T = 1 and speculative verify T = K + 1), head dim 64/128, on a GPU backend:
-    ``decode_attention`` (Pallas Triton, flash-decoding). Decode and verify run the same compiled
-    kernels, so a query's attention output is bitwise the same in both (see that module).
+    ``decode_attention`` (Pallas Triton, flash-decoding). Decode and verify run the same kernel
+    code on the same tile shapes, so a query's attention output is bitwise the same in both (see
+    that module). ``rope_attend_write`` is the model's form of it: q|k|v before RoPE in, RoPE, the
+    K/V cache writes and attention in one launch.
   * T >= 2 otherwise (prefill), head dim 64/128/256: the FA3 kernel (``flash_attention``).
 
 ``SPECJAX_DECODE_KERNEL=0`` turns the decode kernel off (A/B timing): T == 1 then returns None
@@ -23,7 +25,7 @@ import os
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.decode_attention import MAX_QUERIES, decode_attention
+from pallas_kernels.decode_attention import MAX_QUERIES, decode_attention, rope_attention_write
 from pallas_kernels.flash_attention import key_end
 from pallas_kernels.flash_attention_vjp import flash_attention
 
@@ -69,3 +71,16 @@ def attend(q_BTHd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array,
     B, T, S = q_BTHd.shape[0], q_BTHd.shape[1], k_BSGd.shape[1]
     kend_BT = key_end(B, T, S, causal="positions", q_pos_BT=q_pos_BT)
     return flash_attention(q_BTHd, k_BSGd, v_BSGd, kend_BT)
+
+
+def rope_attend_write(qkv_BTNd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array, cos_BTd: jax.Array,
+                      sin_BTd: jax.Array, start_B: jax.Array, n_heads: int):
+    """A decoder layer's attention over T <= 16 new tokens in one kernel: ``(o, k_BSGd, v_BSGd)`` from
+    ``rope_attention_write`` (q|k|v before RoPE, [B, T, H + 2G, d] float32), or None where the decode
+    kernel does not apply (then RoPE, ``cache.write`` and ``attend`` run as separate steps)."""
+    B, T, N, d = qkv_BTNd.shape
+    q_shape = jax.ShapeDtypeStruct((B, T, n_heads, d), k_BSGd.dtype)
+    if not (applies_decode(q_shape, k_BSGd, v_BSGd) and decode_kernel_enabled()
+            and N == n_heads + 2 * k_BSGd.shape[2]):
+        return None
+    return rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads=n_heads)

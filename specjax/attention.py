@@ -12,7 +12,9 @@ import os
 import jax
 import jax.numpy as jnp
 
+from specjax import cache as kv
 from specjax.config import check_compute_dtype
+from specjax.layers import apply_rope
 
 
 def attention_reference(q_BTHd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array,
@@ -45,6 +47,17 @@ def attention_reference(q_BTHd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array,
     return o.reshape(B, T, H, d)
 
 
+def _dispatch():
+    """``pallas_kernels.dispatch`` on a Hopper GPU (unless ``SPECJAX_ATTENTION=reference``), else None."""
+    if not _use_kernels():
+        return None
+    try:
+        from pallas_kernels import dispatch
+    except ImportError:
+        return None
+    return dispatch
+
+
 def _use_kernels() -> bool:
     if os.environ.get("SPECJAX_ATTENTION", "auto") == "reference":
         return False
@@ -60,14 +73,32 @@ def attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, compute_dtype: str = "param"):
 
     With ``compute_dtype="float32"`` q stays float32, so the bf16/fp16 kernels do not apply
     (``pallas_kernels.dispatch.applies`` needs q in the cache dtype) and the float32 reference runs."""
-    if _use_kernels():
-        try:
-            from pallas_kernels import dispatch
-        except ImportError:
-            dispatch = None
-        if dispatch is not None:
-            q_op = q_BTHd.astype(jnp.float32 if compute_dtype == "float32" else k_BSGd.dtype)
-            out = dispatch.attend(q_op, k_BSGd, v_BSGd, q_pos_BT)
-            if out is not None:
-                return out.astype(jnp.float32)
+    dispatch = _dispatch()
+    if dispatch is not None:
+        q_op = q_BTHd.astype(jnp.float32 if compute_dtype == "float32" else k_BSGd.dtype)
+        out = dispatch.attend(q_op, k_BSGd, v_BSGd, q_pos_BT)
+        if out is not None:
+            return out.astype(jnp.float32)
     return attention_reference(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, compute_dtype=compute_dtype)
+
+
+def attend_new_tokens(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads: int,
+                      compute_dtype: str = "param"):
+    """A decoder layer's attention over T new tokens per sequence (positions ``start_B[b] + t``):
+    RoPE on q and k, k and v written into the caches at ``start_B``, causal attention.
+
+    ``qkv_BTNd`` is the q|k|v projection [B, T, H + 2G, d] (float32, before RoPE); returns
+    ``(o float32 [B, T, H, d], k_BSGd, v_BSGd)``. On Hopper with T <= 16 (decode, verify) and
+    ``compute_dtype="param"`` the three steps run as one kernel (``pallas_kernels.dispatch
+    .rope_attend_write``); the code below is their definition and runs everywhere else."""
+    dispatch = _dispatch()
+    if dispatch is not None and compute_dtype == "param":
+        out = dispatch.rope_attend_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads)
+        if out is not None:
+            return out
+    G = (qkv_BTNd.shape[2] - n_heads) // 2
+    q_BTHd = apply_rope(qkv_BTNd[:, :, :n_heads], cos_BTd, sin_BTd)
+    k_BSGd = kv.write(k_BSGd, apply_rope(qkv_BTNd[:, :, n_heads:n_heads + G], cos_BTd, sin_BTd), start_B)
+    v_BSGd = kv.write(v_BSGd, qkv_BTNd[:, :, n_heads + G:], start_B)
+    q_pos_BT = start_B[:, None] + jnp.arange(qkv_BTNd.shape[1], dtype=jnp.int32)[None, :]
+    return attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, compute_dtype), k_BSGd, v_BSGd

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from specjax import attention, fused
 from specjax import cache as kv
 from specjax.config import ModelConfig
-from specjax.layers import apply_rope, linear, rms_norm, rope_tables, swiglu
+from specjax.layers import linear, rms_norm, rope_tables, swiglu
 
 
 def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32, scale: float = 0.02) -> dict:
@@ -68,13 +68,8 @@ def attention_block(lp: dict, cfg: ModelConfig, x_BTD, cos, sin, q_pos_BT, k_BSG
     qkv = linear(x_BTD, lp["wqkv"], cfg.compute_dtype)
     if "bqkv" in lp:
         qkv = qkv + lp["bqkv"]
-    q, k, v = jnp.split(qkv, [cfg.q_dim, cfg.q_dim + cfg.kv_dim], axis=-1)
-    q_BTHd = apply_rope(q.reshape(B, T, H, d), cos, sin)
-    k_BTGd = apply_rope(k.reshape(B, T, G, d), cos, sin)
-    v_BTGd = v.reshape(B, T, G, d)
-    k_BSGd = kv.write(k_BSGd, k_BTGd, start_B)
-    v_BSGd = kv.write(v_BSGd, v_BTGd, start_B)
-    o_BTHd = attention.attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, cfg.compute_dtype)
+    o_BTHd, k_BSGd, v_BSGd = attention.attend_new_tokens(qkv.reshape(B, T, H + 2 * G, d), k_BSGd, v_BSGd,
+                                                         cos, sin, start_B, H, cfg.compute_dtype)
     return linear(o_BTHd.reshape(B, T, H * d), lp["wo"], cfg.compute_dtype), k_BSGd, v_BSGd
 
 

@@ -13,6 +13,7 @@ from jax._src import mesh as mesh_lib
 from pallas_kernels import dispatch
 from pallas_kernels.decode_attention import (MAX_QUERIES, TuningConfig, decode_attention,
                                              decode_attention_reference, default_config, packed_rows,
+                                             rope_attention_write, rope_attention_write_reference,
                                              split_geometry)
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*Pallas Triton backend is deprecated")
@@ -102,6 +103,77 @@ def test_interpreter_row_that_sees_nothing_is_zero():
     np.testing.assert_allclose(o[1], ref[1], atol=2e-2)
 
 
+# ------------------------------------------- CPU: the fused entry (RoPE + cache writes + attention)
+def _fused_inputs(seed, B, T, H, G, d, S, dtype, starts):
+    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+    qkv = jax.random.normal(kq, (B, T, H + 2 * G, d), jnp.float32)
+    k, v = (jax.random.normal(x, (B, S, G, d), jnp.dtype(dtype)) for x in (kk, kv))
+    start = jnp.asarray(starts, jnp.int32)
+    inv = 1.0 / 10000.0 ** (np.arange(0, d, 2) / d)
+    ang = (np.asarray(starts)[:, None] + np.arange(T))[..., None] * inv
+    ang = np.concatenate([ang, ang], -1).astype(np.float32)
+    return qkv, k, v, jnp.cos(ang), jnp.sin(ang), start
+
+
+def _check_fused(args, H, cfg, interpret=True, tol=1e-2):
+    o, k, v = rope_attention_write(*args, n_heads=H, config=cfg, interpret=interpret)
+    ref_o, ref_k, ref_v = rope_attention_write_reference(*args, n_heads=H)
+    k, ref_k = np.asarray(k, np.float32), np.asarray(ref_k, np.float32)
+    np.testing.assert_array_equal(np.asarray(v), np.asarray(ref_v))   # v: copied, every slot bit for bit
+    new = np.zeros(k.shape[:2], bool)                                 # k: RoPE may round by one ulp
+    for b, s0 in enumerate(np.asarray(args[-1])):
+        new[b, s0:s0 + args[0].shape[1]] = True
+    np.testing.assert_array_equal(k[~new], ref_k[~new])               # other slots untouched
+    np.testing.assert_allclose(k[new], ref_k[new], rtol=float(jnp.finfo(args[1].dtype).eps), atol=1e-6)
+    o, ref_o = np.asarray(o), np.asarray(ref_o)
+    assert o.shape == ref_o.shape and np.isfinite(o).all()
+    rel = np.linalg.norm(o - ref_o) / np.linalg.norm(ref_o)
+    assert rel < tol, f"relative error {rel:.2e} >= {tol}"
+    return o, k, v
+
+
+FUSED_CASES = [(1, 3, 64, "bfloat16"), (5, 3, 64, "bfloat16"), (8, 4, 128, "float16"), (16, 1, 64, "bfloat16")]
+
+
+@pytest.mark.parametrize("T,R,d,dtype", FUSED_CASES)
+@pytest.mark.parametrize("name", CONFIGS)
+def test_interpreter_fused_matches_reference(T, R, d, dtype, name):
+    """Ragged starts: sequence 0 starts at slot 0 (its first query sees only its own new key), the
+    last one ends at the last slot."""
+    B, G, S = 3, 2, 130
+    args = _fused_inputs(T + R, B, T, G * R, G, d, S, dtype, [0, 61, S - T])
+    _check_fused(args, G * R, CONFIGS[name])
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_interpreter_fused_t1_equals_verify_row_bitwise(name):
+    """Decode steps (T = 1, each on the cache the previous ones wrote) give bitwise the rows of one
+    T = 9 call, whose new keys straddle a 64-key block (and split) boundary."""
+    B, T, H, G, d, S = 2, 9, 6, 2, 64, 150
+    qkv, k, v, cos, sin, start = _fused_inputs(4, B, T, H, G, d, S, "bfloat16", [58, 120])
+    run = lambda *a: rope_attention_write(*a, n_heads=H, config=CONFIGS[name], interpret=True)
+    o_full, k_full, v_full = run(qkv, k, v, cos, sin, start)
+    for t in range(T):
+        o_t, k, v = run(qkv[:, t:t + 1], k, v, cos[:, t:t + 1], sin[:, t:t + 1], start + t)
+        np.testing.assert_array_equal(np.asarray(o_t[:, 0]), np.asarray(o_full[:, t]), err_msg=f"row {t}")
+    np.testing.assert_array_equal(np.asarray(k), np.asarray(k_full))
+    np.testing.assert_array_equal(np.asarray(v), np.asarray(v_full))
+
+
+def test_fused_entry_rejects_bad_inputs():
+    f32, bf = (lambda *s: jnp.zeros(s, jnp.float32)), (lambda *s: jnp.zeros(s, jnp.bfloat16))
+    start = jnp.zeros((1,), jnp.int32)
+    with pytest.raises(ValueError, match="H\\+2G"):   # 6 + 2 * 2 rows expected, 9 given
+        rope_attention_write(f32(1, 1, 9, 64), bf(1, 32, 2, 64), bf(1, 32, 2, 64), f32(1, 1, 64), f32(1, 1, 64),
+                             start, n_heads=6)
+    with pytest.raises(ValueError, match="queries"):
+        rope_attention_write(f32(1, 17, 10, 64), bf(1, 32, 2, 64), bf(1, 32, 2, 64), f32(1, 17, 64),
+                             f32(1, 17, 64), start, n_heads=6)
+    with pytest.raises(ValueError, match="dtype"):
+        rope_attention_write(f32(1, 1, 10, 64), f32(1, 32, 2, 64), f32(1, 32, 2, 64), f32(1, 1, 64),
+                             f32(1, 1, 64), start, n_heads=6)
+
+
 # ---------------------------------------------------------------- CPU: config, geometry, errors
 @pytest.mark.parametrize("kw,msg", [({"block_m": 48}, "block_m"), ({"block_m": 8}, "block_m"),
                                     ({"block_k": 100}, "block_k"), ({"block_k": 512}, "block_k"),
@@ -150,6 +222,25 @@ def test_lowers_for_cuda(shape, name):
     assert text.count("xla.gpu.triton") == (1 if n_splits == 1 else 2)
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 9, 3, 64, 512), (8, 9, 32, 8, 128, 2048), (2, 16, 8, 1, 128, 300)])
+@pytest.mark.parametrize("name", CONFIGS)
+def test_fused_lowers_for_cuda(shape, name):
+    """The fused entry lowers to Triton IR for an H200, its caches aliased to outputs (in place)."""
+    B, T, H, G, d, S = shape
+    qkv = jax.ShapeDtypeStruct((B, T, H + 2 * G, d), jnp.float32)
+    kv = jax.ShapeDtypeStruct((B, S, G, d), jnp.bfloat16)
+    cs, start = jax.ShapeDtypeStruct((B, T, d), jnp.float32), jax.ShapeDtypeStruct((B,), jnp.int32)
+    h200 = mesh_lib.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
+    f = lambda *a: rope_attention_write(*a, n_heads=H, config=CONFIGS[name])
+    with warnings.catch_warnings(), jax.sharding.use_abstract_mesh(
+            mesh_lib.AbstractMesh((1,), ("x",), abstract_device=h200)):
+        warnings.simplefilter("ignore", DeprecationWarning)
+        text = jax.jit(f).trace(qkv, kv, kv, cs, cs, start).lower(lowering_platforms=("cuda",)).as_text()
+    n_splits = split_geometry(S, CONFIGS[name] or default_config(B, G, H // G, d))[0]
+    assert text.count("xla.gpu.triton") == (1 if n_splits == 1 else 2)
+    assert "output_operand_aliases" in text
+
+
 def _route(T, d=64):
     """Which kernel ``dispatch.attend`` picks (None: the reference), from the traced jaxpr."""
     declined = []
@@ -175,6 +266,24 @@ def test_dispatch_routes_by_query_count(monkeypatch):
     assert _route(1, d=256) is None and _route(5, d=256) == "fa3"   # d=256: FA3 only
     monkeypatch.setenv("SPECJAX_DECODE_KERNEL", "0")
     assert [_route(T) for T in (1, 2, 16, 17)] == [None, "fa3", "fa3", "fa3"]
+
+
+def test_model_attention_routes_to_fused_kernel(monkeypatch):
+    """Traced only: on Hopper the model's attention over T <= 16 new tokens is one fused kernel (no
+    separate cache write), longer T and compute_dtype="float32" take RoPE + write + attend."""
+    from specjax import attention
+    monkeypatch.setattr(attention, "_use_kernels", lambda: True)
+    monkeypatch.setattr(dispatch, "_gpu_backend", lambda: True)
+
+    def text(T, compute_dtype="param"):
+        f = lambda qkv, k, v, c, s, st: attention.attend_new_tokens(qkv, k, v, c, s, st, 6, compute_dtype)
+        sds = jax.ShapeDtypeStruct
+        cache = sds((1, 64, 2, 64), jnp.float32 if compute_dtype == "float32" else jnp.bfloat16)
+        return str(jax.make_jaxpr(f)(sds((1, T, 10, 64), jnp.float32), cache, cache, sds((1, T, 64), jnp.float32),
+                                     sds((1, T, 64), jnp.float32), sds((1,), jnp.int32)))
+    one = text(1)
+    assert "rope_attention_write" in one and "dynamic_update_slice" not in one
+    assert "rope_attention_write" not in text(17) and "rope_attention_write" not in text(1, "float32")
 
 
 # ---------------------------------------------------------------- GPU
@@ -251,3 +360,31 @@ def test_gpu_model_forward_kernels_vs_reference(monkeypatch):
     ref = run()
     for g, r in zip(got, ref):
         assert np.linalg.norm(g - r) / np.linalg.norm(r) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,shape,name", list(itertools.product(("bfloat16", "float16"), GPU_SHAPES,
+                                                                    ("default", "one", "split"))))
+def test_gpu_fused_matches_reference(dtype, shape, name):
+    H, G, d = GPU_SHAPES[shape]
+    for B, T, S in ((3, 1, 300), (3, 5, 300), (3, 16, 2048), (2, 1, 2048)):
+        args = _fused_inputs(T + S + d, B, T, H, G, d, S, dtype, np.linspace(0, S - T, B).astype(int).tolist())
+        cfg = CONFIGS[name] or default_config(B, G, H // G, d)
+        rows = packed_rows(H // G, cfg.block_m)
+        _poison((B, T, H, d), (B, G, rows, d), (B, G, split_geometry(S, cfg)[0], rows, d))
+        _check_fused(args, H, cfg, interpret=False, tol=1e-2 if dtype == "bfloat16" else 2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,name", list(itertools.product(("smollm2", "llama3-8b"), CONFIGS)))
+def test_gpu_fused_t1_equals_verify_row_bitwise(shape, name):
+    H, G, d = GPU_SHAPES[shape]
+    B, T, S = 3, 9, 1024
+    qkv, k, v, cos, sin, start = _fused_inputs(7, B, T, H, G, d, S, "bfloat16", [58, 120, S - T])
+    run = lambda *a: rope_attention_write(*a, n_heads=H, config=CONFIGS[name])
+    o_full, k_full, v_full = run(qkv, k, v, cos, sin, start)
+    for t in range(T):
+        o_t, k, v = run(qkv[:, t:t + 1], k, v, cos[:, t:t + 1], sin[:, t:t + 1], start + t)
+        np.testing.assert_array_equal(np.asarray(o_t[:, 0]), np.asarray(o_full[:, t]), err_msg=f"row {t}")
+    np.testing.assert_array_equal(np.asarray(k), np.asarray(k_full))
+    np.testing.assert_array_equal(np.asarray(v), np.asarray(v_full))
