@@ -7,15 +7,16 @@
 # Each step's log goes to $OUT/<step>.txt (bench_decode.py also copies its results files to $OUT:
 # 8 files in all); only the tails print. A failing or timed-out step does not stop the next one.
 set -uo pipefail
-export PYTHONPATH=.:benchmarks${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
+export PYTHONPATH=.:benchmarks:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
 OUT=${OUT:-/tmp/decode_kernel_out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
-source benchmarks/device_lib.sh  # step
+source benchmarks/device_lib.sh  # step, install_whl
+install_whl  # gguf (specjax imports it)
 
-step gpu_tests 170 15 python3 -m pytest -m gpu tests/test_decode_attention.py -q -rfEs -p no:cacheprovider
-step kernel_bench 90 20 python3 pallas_kernels/decode_attention.py
+[ -z "${SKIP_TESTS:-}" ] && step gpu_tests 150 15 python3 -m pytest -m gpu tests/test_decode_attention.py -q -rfEs -p no:cacheprovider ${TESTS_K:+-k "$TESTS_K"} --tb=short
+[ -z "${SKIP_KBENCH:-}" ] && step kernel_bench 110 22 python3 pallas_kernels/decode_attention.py
 step bench_deckernel 150 8 python3 benchmarks/bench_decode.py --models smollm-shape,8b --tag _deckernel
 step bench_nodeckernel 150 8 env SPECJAX_DECODE_KERNEL=0 \
   python3 benchmarks/bench_decode.py --models smollm-shape,8b --tag _nodeckernel
