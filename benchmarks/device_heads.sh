@@ -31,7 +31,7 @@ case "$1" in
     timeout "${2:-585}" python3 -m training.train_smollm2 --preset h100 --out /root/train --time-budget 540 \
       --only $ONLY --bundle $OUT 2>&1 | tr '\r' '\n' | grep -v "it/s]$" | tee $OUT/train2.log | tail -40 ;;
   bench)
-    install_whl
+    install_whl; stage_gguf
     for k in eagle3 medusa draft; do [ -d /root/train/export/$k ] || continue  # else the shipped one
       rm -rf specjax/shipped/smollm2-135m-instruct/$k; cp -r /root/train/export/$k specjax/shipped/smollm2-135m-instruct/$k; done
     G=$SPECJAX_HOME/models/smollm2-135m-instruct.gguf

@@ -4,8 +4,10 @@ backend, flash-decoding style.
 Layout. The R = H / G query heads of one kv head, times the T queries, form the rows of one query
 tile: row ``m = t * R + r``. The packed row count is fixed at ``R * MAX_QUERIES`` rounded up to
 ``block_m`` (tiles of ``block_m`` rows, padding rows have position -1 and see nothing), so **no
-kernel shape depends on T**: a decode step (T = 1) and a speculative verify (T = K + 1) run the same
-compiled kernels, and every row's arithmetic (its dot products, its max / sum over keys, its
+tile shape depends on T**: a decode step (T = 1) and a speculative verify (T = K + 1) run the same
+kernel code on the same tiles (a tile gathers its query rows straight from the caller's array and
+scatters its output rows into ``[B, T, H, d]``: no packing copies around the kernel; only those
+addresses depend on T), and every row's arithmetic (its dot products, its max / sum over keys, its
 online-softmax updates, the combine over splits) depends only on that row's query, its position and
 the cache. A query's output is therefore bitwise the same in a T = 1 call and as one row of a
 T = K + 1 call (``tests/test_decode_attention.py`` checks it).
@@ -20,6 +22,12 @@ merges, row by row in split order, the partials of the splits that hold a visibl
 in one split, kernel 1 normalises and writes the output itself and kernel 2 is skipped; a row that
 sees only split 0 gets the same bits either way, so a query's output does not depend on the cache
 capacity S either (AR and speculative loops may bucket their caches differently).
+
+Fused form (``rope_attention_write``, what the model calls). The source rows are the layer's q|k|v
+projection before RoPE: the kernel rotates q, computes this call's T new K/V rows itself (RoPE on
+k), uses them in place of the cache's rows at their slots, and one program per (b, g) writes them
+into the caches, which are aliased to outputs (in place). RoPE + two cache writes + attention are
+then one launch (two with the combine) instead of ~6 (benchmarks/NOTES.md item 12).
 
 Mask: key slot ``s`` is visible to query ``(b, t)`` iff ``s <= q_pos[b, t]`` (and ``s < S``). Rows
 that see no key return 0. Output: float32 ``[B, T, H, d]``.
@@ -78,12 +86,17 @@ class TuningConfig:
 
 
 def default_config(batch: int, kv_heads: int, group: int, head_dim: int) -> TuningConfig:
-    """Untuned guess (``main`` times alternatives): splits of 128 keys while few (b, g, tile)
-    programs share the GPU, longer ones as B * G grows. A function of B, G, R and d only: never of
-    T (exactness) nor of S (the same query gives the same bits in caches of any capacity)."""
+    """Splits of one 64-key block while fewer than 64 (b, g, tile) programs share the GPU, longer
+    ones as B * G grows. A function of B, G, R and d only: never of T (exactness) nor of S (the same
+    query gives the same bits in caches of any capacity). Fitted to one H200 call
+    (benchmarks/results/decode_H200_2026-11-26_split_log.txt, SmolLM2 shape, 512-slot cache):
+    64-key splits gave 0.694 ms/token at B=1 (3 programs) against 0.736-0.746 with 128-key splits
+    and 0.809 with 512, and 0.822 at B=8 (24 programs) against 0.938-0.944 with 256-key splits.
+    Short programs in parallel beat a long serial key loop even with the combine kernel. At
+    2048 slots and B=1 the micro-benchmark (``main``) favoured 128-key splits (7.8 vs 9.4 us)."""
     block_m = min(64, max(16, 1 << (group * MAX_QUERIES - 1).bit_length()))
     programs = batch * kv_heads * -(-group * MAX_QUERIES // block_m)
-    split_blocks = min(16, max(2, 1 << (max(programs // 8, 1) - 1).bit_length()))
+    split_blocks = min(16, 1 << (max(programs // 32, 1) - 1).bit_length())
     return TuningConfig(block_m=block_m, block_k=64, split_blocks=split_blocks,
                         num_warps=8 if head_dim > 128 else 4)
 
