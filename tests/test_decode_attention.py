@@ -150,10 +150,17 @@ def test_interpreter_fused_t1_equals_verify_row_bitwise(name):
     """Decode steps (T = 1, each on the cache the previous ones wrote) give bitwise the rows of one
     T = 9 call, whose new keys straddle a 64-key block (and split) boundary."""
     B, T, H, G, d, S = 2, 9, 6, 2, 64, 150
-    qkv, k, v, cos, sin, start = _fused_inputs(4, B, T, H, G, d, S, "bfloat16", [58, 120])
-    run = lambda *a: rope_attention_write(*a, n_heads=H, config=CONFIGS[name], interpret=True)
+    args = _fused_inputs(4, B, T, H, G, d, S, "bfloat16", [58, 120])
+    _assert_fused_steps_equal_verify(args, lambda *a: rope_attention_write(*a, n_heads=H, config=CONFIGS[name],
+                                                                           interpret=True))
+
+
+def _assert_fused_steps_equal_verify(args, run):
+    """T decode steps (T = 1, each on the caches the previous one wrote) vs one call over the T
+    tokens: every output row and the final caches bit for bit."""
+    qkv, k, v, cos, sin, start = args
     o_full, k_full, v_full = run(qkv, k, v, cos, sin, start)
-    for t in range(T):
+    for t in range(qkv.shape[1]):
         o_t, k, v = run(qkv[:, t:t + 1], k, v, cos[:, t:t + 1], sin[:, t:t + 1], start + t)
         np.testing.assert_array_equal(np.asarray(o_t[:, 0]), np.asarray(o_full[:, t]), err_msg=f"row {t}")
     np.testing.assert_array_equal(np.asarray(k), np.asarray(k_full))
@@ -381,11 +388,5 @@ def test_gpu_fused_matches_reference(dtype, shape, name):
 def test_gpu_fused_t1_equals_verify_row_bitwise(shape, name):
     H, G, d = GPU_SHAPES[shape]
     B, T, S = 3, 9, 1024
-    qkv, k, v, cos, sin, start = _fused_inputs(7, B, T, H, G, d, S, "bfloat16", [58, 120, S - T])
-    run = lambda *a: rope_attention_write(*a, n_heads=H, config=CONFIGS[name])
-    o_full, k_full, v_full = run(qkv, k, v, cos, sin, start)
-    for t in range(T):
-        o_t, k, v = run(qkv[:, t:t + 1], k, v, cos[:, t:t + 1], sin[:, t:t + 1], start + t)
-        np.testing.assert_array_equal(np.asarray(o_t[:, 0]), np.asarray(o_full[:, t]), err_msg=f"row {t}")
-    np.testing.assert_array_equal(np.asarray(k), np.asarray(k_full))
-    np.testing.assert_array_equal(np.asarray(v), np.asarray(v_full))
+    args = _fused_inputs(7, B, T, H, G, d, S, "bfloat16", [58, 120, S - T])
+    _assert_fused_steps_equal_verify(args, lambda *a: rope_attention_write(*a, n_heads=H, config=CONFIGS[name]))
