@@ -4,6 +4,7 @@
 #   1. its GPU tests           2. its micro-benchmark (kernel vs XLA attention, split sizes)
 #   3. AR decode ms/token, SmolLM2 shape and Llama-3-8B shape, with the kernel (_deckernel) and with
 #      SPECJAX_DECODE_KERNEL=0 (_nodeckernel: T=1 on XLA's attention, verify on FA3, as before).
+# SKIP_TESTS=1 / SKIP_KBENCH=1 leave out steps 1 / 2; TESTS_K=EXPR passes -k EXPR to step 1.
 # Each step's log goes to $OUT/<step>.txt (bench_decode.py also copies its results files to $OUT:
 # 8 files in all); only the tails print. A failing or timed-out step does not stop the next one.
 set -uo pipefail

@@ -119,7 +119,8 @@ class _Layout:
     d: int            # head dim
     block_m: int
     block_k: int
-    split_len: int
+    split_len: int    # keys per split (``split_geometry``)
+    n_splits: int     # splits of the S slots; 1: kernel 1 writes the output, no combine
     scale_log2: float
     fused: bool       # source is q|k|v before RoPE: rotate, substitute new keys, write them to the cache
 
@@ -228,7 +229,7 @@ def _write_new_rows(refs, k_out_ref, v_out_ref, L: _Layout, g, slot0, dtype):
     _store_rows(v_out_ref, slot0 + t, v_new, ok)
 
 
-def _split_kernel(*refs, L: _Layout, n_splits: int):
+def _split_kernel(*refs, L: _Layout):
     """Kernel 1: one program = (sequence b, kv head g, row tile i, key split j).
 
     Inputs: src [T * N, d] (the queries, or q|k|v before RoPE), pos [T], (fused: cos, sin [T, d]),
@@ -268,7 +269,7 @@ def _split_kernel(*refs, L: _Layout, n_splits: int):
                                  L=L, new=new)
         return lax.fori_loop(0, n_blocks, step, init)
 
-    if n_splits == 1:
+    if L.n_splits == 1:
         acc_Md, _, l_M = attend()
         _store_rows(out_refs[0], dst_M, _normalise(acc_Md, l_M), valid_M)
         return
@@ -312,7 +313,7 @@ def _combine_kernel(pos_ref, o_ref, m_ref, l_ref, out_ref, *, L: _Layout):
 def _build(B: int, L: _Layout, cfg: TuningConfig, interpret: bool):
     """Builder (not a kernel): ``fn(src, pos, [cos, sin,] k, v) -> o [B, T*H, d]`` float32, plus the
     updated caches in fused mode."""
-    n_splits = -(-L.S // L.split_len)
+    n_splits = L.n_splits
     tiles = packed_rows(L.R, L.block_m) // L.block_m
     params = plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     per_b = lambda *shape: pl.BlockSpec((None, *shape), lambda b, g, i, j: (b,) + (0,) * len(shape))
@@ -334,7 +335,7 @@ def _build(B: int, L: _Layout, cfg: TuningConfig, interpret: bool):
         aliases = {4: len(out_shape), 5: len(out_shape) + 1}
         out_specs = out_specs + [cache_spec] * 2
     split = functools.partial(
-        pl.pallas_call, functools.partial(_split_kernel, L=L, n_splits=n_splits), grid=(B, L.G, tiles, n_splits),
+        pl.pallas_call, functools.partial(_split_kernel, L=L), grid=(B, L.G, tiles, n_splits),
         in_specs=in_specs, out_specs=out_specs, input_output_aliases=aliases, compiler_params=params,
         interpret=interpret, name="decode_attention")
     combine = pl.pallas_call(
@@ -362,9 +363,9 @@ def packed_rows(group: int, block_m: int) -> int:
     return -(-group * MAX_QUERIES // block_m) * block_m
 
 
-def _check(q_shape, k, v, T, q_dtype):
+def _check(q_shape, k, v, q_dtype):
     """q_shape [B, T, H, d] of the queries (H = query heads), k = v [B, S, G, d]."""
-    (B, _, H, d), (Bk, S, G, dk) = q_shape, k.shape
+    (B, T, H, d), (Bk, S, G, dk) = q_shape, k.shape
     if k.shape != v.shape or (Bk, dk) != (B, d) or H % G or S < 1:
         raise ValueError(f"expected queries [B,T,H,d], k = v [B,S,G,d] with H % G == 0 and S >= 1; "
                          f"got queries {q_shape}, k {k.shape}, v {v.shape}")
@@ -372,15 +373,16 @@ def _check(q_shape, k, v, T, q_dtype):
         raise ValueError(f"decode attention takes 1..{MAX_QUERIES} queries per sequence, got T={T}")
     if not (q_dtype == k.dtype == v.dtype) or k.dtype not in (jnp.bfloat16, jnp.float16):
         raise ValueError(f"q, k, v must share dtype bfloat16 or float16, got {q_dtype}, {k.dtype}, {v.dtype}")
-    if d not in (64, 128):
-        raise ValueError(f"head dim must be 64 or 128, got {d}")
+    if d not in (64, 128, 256):
+        raise ValueError(f"head dim must be 64, 128 or 256, got {d}")
 
 
 def _layout(B, T, H, G, N, S, d, config, scale, fused):
     cfg = config or default_config(B, G, H // G, d)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    L = _Layout(T=T, H=H, G=G, N=N, S=S, d=d, block_m=cfg.block_m, block_k=cfg.block_k,
-                split_len=split_geometry(S, cfg)[1], scale_log2=scale * _LOG2E, fused=fused)
+    n_splits, split_len = split_geometry(S, cfg)
+    L = _Layout(T=T, H=H, G=G, N=N, S=S, d=d, block_m=cfg.block_m, block_k=cfg.block_k, split_len=split_len,
+                n_splits=n_splits, scale_log2=scale * _LOG2E, fused=fused)
     return L, cfg
 
 
@@ -392,7 +394,7 @@ def decode_attention(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, *, scale: float | None = 
     ``config`` defaults to ``default_config`` (a function of B, G, R and d: never of T or S).
     ``interpret=True`` runs the kernels in the Pallas interpreter (CPU tests)."""
     (B, T, H, d), (S, G) = q_BTHd.shape, k_BSGd.shape[1:3]
-    _check(q_BTHd.shape, k_BSGd, v_BSGd, T, q_BTHd.dtype)
+    _check(q_BTHd.shape, k_BSGd, v_BSGd, q_BTHd.dtype)
     if q_pos_BT.shape != (B, T):
         raise ValueError(f"q_pos must be [B, T] = {(B, T)}, got {q_pos_BT.shape}")
     L, cfg = _layout(B, T, H, G, H, S, d, config, scale, fused=False)
@@ -418,7 +420,7 @@ def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *,
         raise ValueError(f"expected qkv [B,T,H+2G,d] with H={H}, G={G}, cos = sin [B,T,d] = {(B, T, d)}, "
                          f"start [B]; got qkv {qkv_BTNd.shape}, cos {cos_BTd.shape}, sin {sin_BTd.shape}, "
                          f"start {start_B.shape}")
-    _check((B, T, H, d), k_BSGd, v_BSGd, T, k_BSGd.dtype)
+    _check((B, T, H, d), k_BSGd, v_BSGd, k_BSGd.dtype)
     L, cfg = _layout(B, T, H, G, N, S, d, config, scale, fused=True)
     q_pos_BT = start_B.astype(jnp.int32)[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
     o, k_BSGd, v_BSGd = _build(B, L, cfg, interpret)(

@@ -60,7 +60,8 @@ def _assert_t1_equals_verify_rows(q, k, v, q_pos, run):
 
 # ---------------------------------------------------------------- CPU: Pallas interpreter
 INTERP_CASES = ([(T, R, d, "bfloat16") for T, R, d in itertools.product((1, 5, 8), (1, 3, 4), (64, 128))]
-                + [(5, 1, 64, "float16"), (5, 3, 64, "float16"), (1, 4, 128, "float16"), (8, 3, 128, "float16")])
+                + [(5, 1, 64, "float16"), (5, 3, 64, "float16"), (1, 4, 128, "float16"), (8, 3, 128, "float16"),
+                   (5, 3, 256, "bfloat16")])
 
 
 @pytest.mark.parametrize("T,R,d,dtype", INTERP_CASES)
@@ -132,7 +133,8 @@ def _check_fused(args, H, cfg, interpret=True, tol=1e-2):
     return o, k, v
 
 
-FUSED_CASES = [(1, 3, 64, "bfloat16"), (5, 3, 64, "bfloat16"), (8, 4, 128, "float16"), (16, 1, 64, "bfloat16")]
+FUSED_CASES = [(1, 3, 64, "bfloat16"), (5, 3, 64, "bfloat16"), (8, 4, 128, "float16"), (16, 1, 64, "bfloat16"),
+               (5, 3, 256, "bfloat16")]
 
 
 @pytest.mark.parametrize("T,R,d,dtype", FUSED_CASES)
@@ -230,7 +232,8 @@ def test_lowers_for_cuda(shape, name):
     assert text.count("xla.gpu.triton") == (1 if n_splits == 1 else 2)
 
 
-@pytest.mark.parametrize("shape", [(1, 1, 9, 3, 64, 512), (8, 9, 32, 8, 128, 2048), (2, 16, 8, 1, 128, 300)])
+@pytest.mark.parametrize("shape", [(1, 1, 9, 3, 64, 512), (8, 9, 32, 8, 128, 2048), (2, 16, 8, 1, 128, 300),
+                                   (1, 5, 6, 2, 256, 300)])
 @pytest.mark.parametrize("name", CONFIGS)
 def test_fused_lowers_for_cuda(shape, name):
     """The fused entry lowers to Triton IR for an H200, its caches aliased to outputs (in place)."""
