@@ -1,0 +1,110 @@
+"""Probe (GPU): end-to-end AR decode ms/token of the SmolLM2 shape (random bf16 weights, the
+bench_decode.py measurement) under decode-kernel config variants, all in one process (caches cleared
+between variants), so their ratios come from one run on one card.
+
+    PYTHONPATH=.:benchmarks python3 benchmarks/decode_variants_probe.py [VARIANT ...] [--batches 1,8]
+
+A variant is ``default`` or comma-joined TuningConfig overrides on top of ``default_config``, e.g.
+``combine=last`` or ``combine=last,num_stages=1`` or ``block_k=32``, then optional ``+FLAG``s:
+``+percall`` zeroes the split counters in every layer's call instead of once per forward;
+``+mlp=split`` runs gate and up as two matmuls (slices of the fused weight); ``+mlp=post`` applies the
+MLP RMSNorm's 1/rms to the gate/up outputs instead of to their input (the input is then x * w, which
+needs no reduction first); ``+mlp=splitpost`` both.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+
+import bench_decode
+import common
+import profile_decode
+import pallas_kernels.decode_attention as da
+from pallas_kernels import dispatch
+from specjax import model
+from specjax.generate import generate
+from specjax.layers import linear, rms_norm
+
+ORIG_DEFAULT, ORIG_ROPE, ORIG_LAYER = da.default_config, dispatch.rope_attend_write, model.decoder_layer
+
+
+def mlp_layer(split: bool, post: bool):
+    """model.decoder_layer with the MLP half rewritten (same math, other XLA fusion opportunities)."""
+    def layer(lp, cfg, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B, scratch=None):
+        a, k_BSGd, v_BSGd, scratch = model.attention_block(
+            lp, cfg, rms_norm(x_BTD, lp["attn_norm"], cfg.norm_eps), cos, sin, q_pos_BT, k_BSGd, v_BSGd,
+            start_B, scratch)
+        x_BTD = x_BTD + a
+        w = lp["w_gate_up"]
+        F = w.shape[0] // 2
+        if post:
+            inv = jax.lax.rsqrt(jnp.mean(x_BTD * x_BTD, axis=-1, keepdims=True) + cfg.norm_eps)
+            h = x_BTD * lp["mlp_norm"]
+        else:
+            inv, h = 1.0, rms_norm(x_BTD, lp["mlp_norm"], cfg.norm_eps)
+        if split:
+            gate, up = linear(h, w[:F], cfg.compute_dtype), linear(h, w[F:], cfg.compute_dtype)
+        else:
+            gate, up = jnp.split(linear(h, w, cfg.compute_dtype), 2, axis=-1)
+        x_BTD = x_BTD + linear(jax.nn.silu(gate * inv) * (up * inv), lp["w_down"], cfg.compute_dtype)
+        return x_BTD, k_BSGd, v_BSGd, scratch
+    return layer
+
+
+def apply(variant: str):
+    """Install the variant's default_config, counter zeroing and layer, restoring the originals first."""
+    da.default_config, dispatch.rope_attend_write, model.decoder_layer = ORIG_DEFAULT, ORIG_ROPE, ORIG_LAYER
+    spec, *flags = variant.split("+")
+    if spec != "default":
+        kw = {k: (v if k == "combine" else int(v)) for k, v in (p.split("=") for p in spec.split(","))}
+        da.default_config = lambda *a: dataclasses.replace(ORIG_DEFAULT(*a), **kw)
+    for flag in flags:
+        if flag == "percall":  # drop the threaded counters: each call zeroes its own
+            dispatch.rope_attend_write = lambda *a: ORIG_ROPE(*a[:7], None)
+        elif flag.startswith("mlp="):
+            mode = flag[4:]
+            model.decoder_layer = mlp_layer(split="split" in mode, post="post" in mode)
+        else:
+            raise ValueError(f"unknown variant flag {flag!r}")
+    jax.clear_caches()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("variants", nargs="*", default=["default", "combine=last"])
+    ap.add_argument("--batches", default="1")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--busy", action="store_true", help="also kernels and GPU-busy us per decode step (traced)")
+    args = ap.parse_args()
+    cfg = bench_decode.SMOLLM2_SHAPE
+    params = model.init_params(cfg, jax.random.key(0), dtype=jnp.bfloat16)
+    h = common.header()
+    print(f"{h['device_kind']}, jax {h['jax']}, {h['date']}: {h['command']}")
+    print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; ms/token = (t(256) - t(64)) / 192 new tokens, "
+          f"median of {args.repeats} runs each; kernels and busy us per step the same difference, traced")
+    print("| variant | B | ms/token | kernels/step | GPU busy us/step | config | wall s |")
+    print("|---|---|---|---|---|---|---|")
+    for v in args.variants:
+        apply(v)
+        for b in map(int, args.batches.split(",")):
+            t0 = time.time()
+            ms = bench_decode.decode_ms_per_token(params, cfg, b, prompt_len=128, n_lo=64, n_hi=256,
+                                                  repeats=args.repeats)
+            kernels = busy = float("nan")
+            if args.busy:
+                prompts = [list(range(10, 138))] * b
+                ev = {n: profile_decode.gpu_events(lambda: generate(params, cfg, prompts, max_new_tokens=n,
+                                                                     eos_token_ids=()))[1] for n in (64, 256)}
+                kernels = (len(ev[256]) - len(ev[64])) / 192
+                busy = (sum(e.get("dur", 0.0) for e in ev[256]) - sum(e.get("dur", 0.0) for e in ev[64])) / 192
+            c = da.default_config(b, cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim)
+            print(f"| {v} | {b} | {ms:.3f} | {kernels:.1f} | {busy:.1f} | {c} | {time.time() - t0:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
