@@ -5,9 +5,7 @@ between variants), so their ratios come from one run on one card.
     PYTHONPATH=.:benchmarks python3 benchmarks/decode_variants_probe.py [VARIANT ...] [--batches 1,8]
 
 A variant is ``default`` or comma-joined TuningConfig overrides on top of ``default_config``, e.g.
-``combine=last`` or ``combine=last,num_stages=1`` or ``block_k=32``, then optional ``+FLAG``s:
-``+percall`` zeroes the split counters in every layer's call instead of once per forward;
-``+mlp=split`` runs gate and up as two matmuls (slices of the fused weight); ``+mlp=post`` applies the
+``num_stages=1`` or ``block_k=32,num_warps=2``, then optional ``+FLAG``s: ``+mlp=split`` runs gate and up as two matmuls (slices of the fused weight); ``+mlp=post`` applies the
 MLP RMSNorm's 1/rms to the gate/up outputs instead of to their input (the input is then x * w, which
 needs no reduction first); ``+mlp=splitpost`` both.
 """
@@ -25,20 +23,18 @@ import bench_decode
 import common
 import profile_decode
 import pallas_kernels.decode_attention as da
-from pallas_kernels import dispatch
 from specjax import model
 from specjax.generate import generate
 from specjax.layers import linear, rms_norm
 
-ORIG_DEFAULT, ORIG_ROPE, ORIG_LAYER = da.default_config, dispatch.rope_attend_write, model.decoder_layer
+ORIG_DEFAULT, ORIG_LAYER = da.default_config, model.decoder_layer
 
 
 def mlp_layer(split: bool, post: bool):
     """model.decoder_layer with the MLP half rewritten (same math, other XLA fusion opportunities)."""
-    def layer(lp, cfg, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B, scratch=None):
-        a, k_BSGd, v_BSGd, scratch = model.attention_block(
-            lp, cfg, rms_norm(x_BTD, lp["attn_norm"], cfg.norm_eps), cos, sin, q_pos_BT, k_BSGd, v_BSGd,
-            start_B, scratch)
+    def layer(lp, cfg, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B):
+        a, k_BSGd, v_BSGd = model.attention_block(
+            lp, cfg, rms_norm(x_BTD, lp["attn_norm"], cfg.norm_eps), cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B)
         x_BTD = x_BTD + a
         w = lp["w_gate_up"]
         F = w.shape[0] // 2
@@ -52,21 +48,19 @@ def mlp_layer(split: bool, post: bool):
         else:
             gate, up = jnp.split(linear(h, w, cfg.compute_dtype), 2, axis=-1)
         x_BTD = x_BTD + linear(jax.nn.silu(gate * inv) * (up * inv), lp["w_down"], cfg.compute_dtype)
-        return x_BTD, k_BSGd, v_BSGd, scratch
+        return x_BTD, k_BSGd, v_BSGd
     return layer
 
 
 def apply(variant: str):
-    """Install the variant's default_config, counter zeroing and layer, restoring the originals first."""
-    da.default_config, dispatch.rope_attend_write, model.decoder_layer = ORIG_DEFAULT, ORIG_ROPE, ORIG_LAYER
+    """Install the variant's default_config and layer, restoring the originals first."""
+    da.default_config, model.decoder_layer = ORIG_DEFAULT, ORIG_LAYER
     spec, *flags = variant.split("+")
     if spec != "default":
-        kw = {k: (v if k == "combine" else int(v)) for k, v in (p.split("=") for p in spec.split(","))}
+        kw = {k: int(v) for k, v in (p.split("=") for p in spec.split(","))}
         da.default_config = lambda *a: dataclasses.replace(ORIG_DEFAULT(*a), **kw)
     for flag in flags:
-        if flag == "percall":  # drop the threaded counters: each call zeroes its own
-            dispatch.rope_attend_write = lambda *a: ORIG_ROPE(*a[:7], None)
-        elif flag.startswith("mlp="):
+        if flag.startswith("mlp="):
             mode = flag[4:]
             model.decoder_layer = mlp_layer(split="split" in mode, post="post" in mode)
         else:
@@ -76,7 +70,7 @@ def apply(variant: str):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("variants", nargs="*", default=["default", "combine=last"])
+    ap.add_argument("variants", nargs="*", default=["default"])
     ap.add_argument("--batches", default="1")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--busy", action="store_true", help="also kernels and GPU-busy us per decode step (traced)")

@@ -51,6 +51,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 MAX_QUERIES = 16       # largest T; it fixes the packed row count R * MAX_QUERIES
+SPLITS_PER_STEP = 8    # the combine kernel's loop over splits is unrolled by this factor
 _LOG2E = math.log2(math.e)
 
 # jax 0.11 warns at every lowering of a Triton-backend pallas_call; keep model users' output clean.
@@ -69,7 +70,6 @@ class TuningConfig:
     split_blocks: int = 2  # key blocks per split (one program each); S <= one split: no combine
     num_warps: int = 4
     num_stages: int = 2    # Triton software-pipelining depth of the key loop
-    combine: str = "kernel"  # several splits: merge in a 2nd kernel, or "last" (the last split to finish)
 
     def __post_init__(self):
         if not (_pow2(self.block_m) and 16 <= self.block_m <= 128):
@@ -84,9 +84,6 @@ class TuningConfig:
             raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
         if not (isinstance(self.num_stages, int) and 1 <= self.num_stages <= 8):
             raise ValueError(f"num_stages must be an int in [1, 8], got {self.num_stages}")
-        if self.combine not in ("kernel", "last"):
-            raise ValueError(f"combine must be 'kernel' (a second kernel merges the splits) or 'last' (the "
-                             f"last split program to finish merges them), got {self.combine!r}")
 
 
 def default_config(batch: int, kv_heads: int, group: int, head_dim: int) -> TuningConfig:
@@ -127,7 +124,6 @@ class _Layout:
     n_splits: int     # splits of the S slots; 1: kernel 1 writes the output, no combine
     scale_log2: float
     fused: bool       # source is q|k|v before RoPE: rotate, substitute new keys, write them to the cache
-    merge_last: bool = False  # several splits, merged by the last of a tile's split programs to finish
 
     @property
     def R(self) -> int:
@@ -234,7 +230,7 @@ def _write_new_rows(refs, k_out_ref, v_out_ref, L: _Layout, g, slot0, dtype):
     _store_rows(v_out_ref, slot0 + t, v_new, ok)
 
 
-def _split_kernel(*refs, L: _Layout, barrier: bool = True):
+def _split_kernel(*refs, L: _Layout):
     """Kernel 1: one program = (sequence b, kv head g, row tile i, key split j).
 
     Inputs: src [T * N, d] (the queries, or q|k|v before RoPE), pos [T], (fused: cos, sin [T, d]),
@@ -244,12 +240,9 @@ def _split_kernel(*refs, L: _Layout, barrier: bool = True):
     returning at once. Fused mode adds the caches (aliased to the inputs); program (b, g, 0, 0)
     writes the new rows."""
     if L.fused:
-        src_ref, pos_ref, cos_ref, sin_ref, k_ref, v_ref, *out_refs = refs
-        *out_refs, k_out_ref, v_out_ref = out_refs
+        src_ref, pos_ref, cos_ref, sin_ref, k_ref, v_ref, *out_refs, k_out_ref, v_out_ref = refs
     else:
         (src_ref, pos_ref, k_ref, v_ref, *out_refs), cos_ref = refs, None
-    if L.merge_last:
-        out_refs = out_refs[1:]  # the counter's input ref; its aliased output ref is the one used
     g, i, j = pl.program_id(1), pl.program_id(2), pl.program_id(3)
     t_M, src_M, dst_M, valid_M = _tile_rows(L, g, i)
     pos_M = jnp.where(valid_M, plgpu.load(pos_ref.at[t_M]), -1)
@@ -275,43 +268,25 @@ def _split_kernel(*refs, L: _Layout, barrier: bool = True):
                 jnp.zeros((M,), jnp.float32))
         step = functools.partial(_key_block, q_Md=q_Md, k_ref=k_ref, v_ref=v_ref, pos_M=pos_M, start=start,
                                  L=L, new=new)
+        if one_block:  # its loads need not wait for the positions (keys past them are masked anyway)
+            return step(0, init)
         return lax.fori_loop(0, n_blocks, step, init)
 
+    def store_partials(acc_Md, m_M, l_M):
+        o_ref, m_ref, l_ref = out_refs
+        plgpu.store(o_ref, acc_Md, mask=_rows2d(m_M > -jnp.inf, L.d))
+        m_ref[...] = m_M
+        l_ref[...] = l_M
+
+    one_block = L.split_len == L.block_k
     if L.n_splits == 1:
         acc_Md, _, l_M = attend()
         _store_rows(out_refs[0], dst_M, _normalise(acc_Md, l_M), valid_M)
-        return
-
-    @pl.when(n_blocks > 0)
-    def _():
-        acc_Md, m_M, l_M = attend()
-        if not L.merge_last:
-            o_ref, m_ref, l_ref = out_refs
-            plgpu.store(o_ref, acc_Md, mask=_rows2d(m_M > -jnp.inf, L.d))
-            m_ref[...] = m_M
-            l_ref[...] = l_M
-            return
-        out_ref, o_ref, m_ref, l_ref, count_ref = out_refs
-        plgpu.store(o_ref.at[j], acc_Md, mask=_rows2d(m_M > -jnp.inf, L.d))
-        m_ref[j, :] = m_M
-        l_ref[j, :] = l_M
-        # Split-K arrival (CUTLASS's semaphore pattern): all threads' partial stores, a CTA barrier, then
-        # one release-acquire increment at GPU scope. The program that brings the count to the number of
-        # splits that ran merges them, exactly as kernel 2 would, and re-arms the counter for the next call.
-        if barrier:  # (the interpreter runs programs one after another and has no barrier)
-            plgpu.debug_barrier()
-        arrived = plgpu.atomic_add(count_ref, (g, i), jnp.ones((), jnp.int32))
-        n_active = _active_splits(pos_M, L)
-
-        @pl.when(arrived == n_active - 1)
-        def _():
-            _store_rows(out_ref, dst_M, _merge_splits(o_ref, m_ref, l_ref, n_active, L), valid_M)
-            count_ref[g, i] = 0
-
-
-def _active_splits(pos_M, L: _Layout):
-    """Splits holding a key visible to some row of the tile (kernel 1 ran exactly these)."""
-    return lax.div(jnp.maximum(_last_key(pos_M, L.S) + 1, 0) + L.split_len - 1, L.split_len)
+    elif one_block:  # a split past the tile's last key computes a masked block and stores nothing
+        partials = attend()
+        pl.when(n_blocks > 0)(lambda: store_partials(*partials))
+    else:  # a split past the tile's last key returns at once
+        pl.when(n_blocks > 0)(lambda: store_partials(*attend()))
 
 
 def _combine_kernel(pos_ref, o_ref, m_ref, l_ref, out_ref, *, L: _Layout):
@@ -322,27 +297,37 @@ def _combine_kernel(pos_ref, o_ref, m_ref, l_ref, out_ref, *, L: _Layout):
     loaded), m_ref / l_ref [n_splits, block_m]; out_ref [T * H, d] float32 (this tile's rows)."""
     t_M, _, dst_M, valid_M = _tile_rows(L, pl.program_id(1), pl.program_id(2))
     pos_M = jnp.where(valid_M, plgpu.load(pos_ref.at[t_M]), -1)
-    _store_rows(out_ref, dst_M, _merge_splits(o_ref, m_ref, l_ref, _active_splits(pos_M, L), L), valid_M)
-
-
-def _merge_splits(o_ref, m_ref, l_ref, n_active, L: _Layout):
-    """The normalised output rows of a tile from its first ``n_active`` split partials, merged row by
-    row in split order (kernel 2, or the last split program with ``combine="last"``)."""
+    n_active = lax.div(jnp.maximum(_last_key(pos_M, L.S) + 1, 0) + L.split_len - 1, L.split_len)
     M = L.block_m
-    m_max = lax.fori_loop(0, n_active, lambda j, m: jnp.maximum(m, m_ref[j, :]),
-                          jnp.full((M,), -jnp.inf, jnp.float32))
-    m_use = jnp.where(m_max == -jnp.inf, 0.0, m_max)
+
+    def stats(j):  # split j's (m, l) per row; a split past the tile's last key counts as having seen nothing
+        exists = jnp.broadcast_to(j < L.n_splits, (M,))  # (the last chunk may run past the splits)
+        m_j = plgpu.load(m_ref.at[jnp.minimum(j, L.n_splits - 1)], mask=exists, other=-jnp.inf)
+        l_j = plgpu.load(l_ref.at[jnp.minimum(j, L.n_splits - 1)], mask=exists, other=0.0)
+        active = j < n_active
+        return jnp.where(active, m_j, -jnp.inf), jnp.where(active, l_j, 0.0)
 
     def merge(j, carry):
         acc_Md, l_M = carry
-        m_j = m_ref[j, :]
+        m_j, l_j = stats(j)
         w_M = jnp.where(m_j == m_max, 1.0, jnp.exp2(m_j - m_use))  # 0 where split j saw nothing
-        o_j = plgpu.load(o_ref.at[j], mask=_rows2d(m_j > -jnp.inf, L.d), other=0.0)
-        return acc_Md + o_j * w_M[:, None], l_M + l_ref[j, :] * w_M
+        o_j = plgpu.load(o_ref.at[jnp.minimum(j, L.n_splits - 1)], mask=_rows2d(m_j > -jnp.inf, L.d), other=0.0)
+        return acc_Md + o_j * w_M[:, None], l_M + l_j * w_M
 
+    # Splits in chunks of SPLITS_PER_STEP, unrolled inside a loop whose trip count is static: their loads
+    # do not wait for the positions and issue together (a few memory round trips, not two per split), and
+    # caches of any capacity run the same loop body (same bits; only the trip count differs).
+    def over_splits(body):
+        return lambda c, carry: functools.reduce(lambda x, i: body(c * SPLITS_PER_STEP + i, x),
+                                                 range(SPLITS_PER_STEP), carry)
+
+    n_steps = -(-L.n_splits // SPLITS_PER_STEP)
+    m_max = lax.fori_loop(0, n_steps, over_splits(lambda j, m: jnp.maximum(m, stats(j)[0])),
+                          jnp.full((M,), -jnp.inf, jnp.float32))
+    m_use = jnp.where(m_max == -jnp.inf, 0.0, m_max)
     init = (jnp.zeros((M, L.d), jnp.float32), jnp.zeros((M,), jnp.float32))
-    acc_Md, l_M = lax.fori_loop(0, n_active, merge, init)
-    return _normalise(acc_Md, l_M)
+    acc_Md, l_M = lax.fori_loop(0, n_steps, over_splits(merge), init)
+    _store_rows(out_ref, dst_M, _normalise(acc_Md, l_M), valid_M)
 
 
 # ------------------------------------------------------------------------------------- builder
@@ -356,33 +341,22 @@ def _build(B: int, L: _Layout, cfg: TuningConfig, interpret: bool):
     cache_spec = pl.BlockSpec((None, L.S, None, L.d), lambda b, g, i, j: (b, 0, g, 0))
     in_specs = [per_b(L.T * L.N, L.d), per_b(L.T)] + ([per_b(L.T, L.d)] * 2 if L.fused else []) + [cache_spec] * 2
     o_shape = jax.ShapeDtypeStruct((B, L.T * L.H, L.d), jnp.float32)
-    rows = tiles * L.block_m
-    part_shape = [jax.ShapeDtypeStruct((B, L.G, n_splits, rows, L.d), jnp.float32),
-                  jax.ShapeDtypeStruct((B, L.G, n_splits, rows), jnp.float32),
-                  jax.ShapeDtypeStruct((B, L.G, n_splits, rows), jnp.float32)]
-    aliases = {}
     if n_splits == 1:
         out_shape, out_specs = [o_shape], [per_b(L.T * L.H, L.d)]
-    elif not L.merge_last:  # one split's partials per program
-        out_shape = part_shape
+    else:
+        rows = tiles * L.block_m
+        out_shape = [jax.ShapeDtypeStruct((B, L.G, n_splits, rows, L.d), jnp.float32),
+                     jax.ShapeDtypeStruct((B, L.G, n_splits, rows), jnp.float32),
+                     jax.ShapeDtypeStruct((B, L.G, n_splits, rows), jnp.float32)]
         out_specs = [pl.BlockSpec((None, None, None, L.block_m, L.d), lambda b, g, i, j: (b, g, j, i, 0)),
                      pl.BlockSpec((None, None, None, L.block_m), lambda b, g, i, j: (b, g, j, i)),
                      pl.BlockSpec((None, None, None, L.block_m), lambda b, g, i, j: (b, g, j, i))]
-    else:  # the output, every split's partials of the tile (the last program reads them all), the counter
-        out_shape = [o_shape, *part_shape, jax.ShapeDtypeStruct((B, L.G, tiles), jnp.int32)]
-        count_spec = pl.BlockSpec((None, L.G, tiles), lambda b, g, i, j: (b, 0, 0))
-        out_specs = [per_b(L.T * L.H, L.d),
-                     pl.BlockSpec((None, None, n_splits, L.block_m, L.d), lambda b, g, i, j: (b, g, 0, i, 0)),
-                     pl.BlockSpec((None, None, n_splits, L.block_m), lambda b, g, i, j: (b, g, 0, i)),
-                     pl.BlockSpec((None, None, n_splits, L.block_m), lambda b, g, i, j: (b, g, 0, i)),
-                     count_spec]
-        in_specs = in_specs + [count_spec]
-        aliases = {len(in_specs) - 1: len(out_shape) - 1}  # the counter: zeros in, zeros out, in place
+    aliases = {}
     if L.fused:  # the caches: written in place (inputs 4, 5 -> the last two outputs)
-        aliases.update({4: len(out_shape), 5: len(out_shape) + 1})
+        aliases = {4: len(out_shape), 5: len(out_shape) + 1}
         out_specs = out_specs + [cache_spec] * 2
     split = functools.partial(
-        pl.pallas_call, functools.partial(_split_kernel, L=L, barrier=not interpret), grid=(B, L.G, tiles, n_splits),
+        pl.pallas_call, functools.partial(_split_kernel, L=L), grid=(B, L.G, tiles, n_splits),
         in_specs=in_specs, out_specs=out_specs, input_output_aliases=aliases, compiler_params=params,
         interpret=interpret, name="decode_attention")
     combine = pl.pallas_call(
@@ -395,15 +369,12 @@ def _build(B: int, L: _Layout, cfg: TuningConfig, interpret: bool):
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1), interpret=interpret,
         name="decode_attention_combine")
 
-    def fn(src, pos, *rest, counts=None):
+    def fn(src, pos, *rest):
         caches = rest[-2:]
         shapes = out_shape + ([jax.ShapeDtypeStruct(c.shape, c.dtype) for c in caches] if L.fused else [])
-        if L.merge_last:
-            rest = (*rest, jnp.zeros(out_shape[-1].shape, jnp.int32) if counts is None else counts)
         outs = split(out_shape=shapes)(src, pos, *rest)
-        o = combine(pos, *outs[:3]) if n_splits > 1 and not L.merge_last else outs[0]
-        counts = outs[len(out_shape) - 1] if L.merge_last else counts
-        return (o, *outs[len(out_shape):], counts) if L.fused else o
+        o = outs[0] if n_splits == 1 else combine(pos, *outs[:3])
+        return (o, *outs[len(out_shape):]) if L.fused else o
     return fn
 
 
@@ -432,8 +403,7 @@ def _layout(B, T, H, G, N, S, d, config, scale, fused):
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     n_splits, split_len = split_geometry(S, cfg)
     L = _Layout(T=T, H=H, G=G, N=N, S=S, d=d, block_m=cfg.block_m, block_k=cfg.block_k, split_len=split_len,
-                n_splits=n_splits, scale_log2=scale * _LOG2E, fused=fused,
-                merge_last=cfg.combine == "last" and n_splits > 1)
+                n_splits=n_splits, scale_log2=scale * _LOG2E, fused=fused)
     return L, cfg
 
 
@@ -453,17 +423,9 @@ def decode_attention(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, *, scale: float | None = 
     return o.reshape(B, T, H, d)
 
 
-def counter_shape(batch: int, kv_heads: int, group: int, head_dim: int,
-                  config: TuningConfig | None = None) -> tuple[int, int, int]:
-    """Shape of the int32 arrival counters of ``combine="last"`` (one per (b, g, row tile)); like the
-    config, independent of T and S, so one zeroed array serves every layer of a forward in turn."""
-    cfg = config or default_config(batch, kv_heads, group, head_dim)
-    return batch, kv_heads, packed_rows(group, cfg.block_m) // cfg.block_m
-
-
 @functools.partial(jax.jit, static_argnames=("n_heads", "scale", "config", "interpret"))
-def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, counts_BGt=None, *,
-                         n_heads: int, scale: float | None = None, config: TuningConfig | None = None,
+def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *, n_heads: int,
+                         scale: float | None = None, config: TuningConfig | None = None,
                          interpret: bool = False):
     """Jitted entry, one launch (two with several splits) for a decoder layer's attention over T <= 16
     new tokens per sequence: ``qkv_BTNd`` [B, T, H + 2G, d] is the q|k|v projection before RoPE
@@ -472,11 +434,7 @@ def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, co
     slots ``start_B[b] + t`` of the caches (in place when XLA can donate them) and attends causally.
     Returns ``(o float32 [B, T, H, d], k_BSGd, v_BSGd)``: the same values as RoPE, ``cache.write``
     and ``decode_attention`` in sequence (``rope_attention_write_reference``), and a query's output
-    has the same bits as from ``decode_attention`` given the same roped, rounded q and caches.
-
-    ``counts_BGt`` (optional, int32 zeros of ``counter_shape``): the arrival counters of
-    ``combine="last"``, left zeroed and returned as a 4th output, so a caller can thread one array
-    through all layers instead of zeroing one per call (without it, each call zeroes its own)."""
+    has the same bits as from ``decode_attention`` given the same roped, rounded q and caches."""
     (B, T, N, d), (S, G) = qkv_BTNd.shape, k_BSGd.shape[1:3]
     H = n_heads
     if N != H + 2 * G or cos_BTd.shape != (B, T, d) or sin_BTd.shape != (B, T, d) or start_B.shape != (B,):
@@ -486,15 +444,10 @@ def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, co
     _check((B, T, H, d), k_BSGd, v_BSGd, k_BSGd.dtype)
     L, cfg = _layout(B, T, H, G, N, S, d, config, scale, fused=True)
     q_pos_BT = start_B.astype(jnp.int32)[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
-    if counts_BGt is not None and (counts_BGt.shape, counts_BGt.dtype) != (counter_shape(B, G, H // G, d, cfg), jnp.int32):
-        raise ValueError(f"counts must be int32 {counter_shape(B, G, H // G, d, cfg)} (counter_shape), got "
-                         f"{counts_BGt.dtype} {counts_BGt.shape}")
-    o, k_BSGd, v_BSGd, counts = _build(B, L, cfg, interpret)(
+    o, k_BSGd, v_BSGd = _build(B, L, cfg, interpret)(
         qkv_BTNd.astype(jnp.float32).reshape(B, T * N, d), q_pos_BT, cos_BTd.astype(jnp.float32),
-        sin_BTd.astype(jnp.float32), k_BSGd, v_BSGd, counts=counts_BGt)
-    if counts_BGt is None:
-        return o.reshape(B, T, H, d), k_BSGd, v_BSGd
-    return o.reshape(B, T, H, d), k_BSGd, v_BSGd, counts
+        sin_BTd.astype(jnp.float32), k_BSGd, v_BSGd)
+    return o.reshape(B, T, H, d), k_BSGd, v_BSGd
 
 
 def rope_attention_write_reference(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *, n_heads: int,

@@ -25,7 +25,7 @@ import os
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.decode_attention import MAX_QUERIES, counter_shape, decode_attention, rope_attention_write
+from pallas_kernels.decode_attention import MAX_QUERIES, decode_attention, rope_attention_write
 from pallas_kernels.flash_attention import key_end
 from pallas_kernels.flash_attention_vjp import flash_attention
 
@@ -74,17 +74,13 @@ def attend(q_BTHd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array,
 
 
 def rope_attend_write(qkv_BTNd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array, cos_BTd: jax.Array,
-                      sin_BTd: jax.Array, start_B: jax.Array, n_heads: int, counts: jax.Array | None = None):
-    """A decoder layer's attention over T <= 16 new tokens in one kernel: ``(o, k_BSGd, v_BSGd, counts)``
-    from ``rope_attention_write`` (q|k|v before RoPE, [B, T, H + 2G, d] float32), or None where the
-    decode kernel does not apply (then RoPE, ``cache.write`` and ``attend`` run as separate steps).
-    ``counts``: the zeroed split counters a previous layer's call returned (None: zeroed here), so a
-    forward zeroes them once, not once per layer."""
+                      sin_BTd: jax.Array, start_B: jax.Array, n_heads: int):
+    """A decoder layer's attention over T <= 16 new tokens in one kernel: ``(o, k_BSGd, v_BSGd)`` from
+    ``rope_attention_write`` (q|k|v before RoPE, [B, T, H + 2G, d] float32), or None where the decode
+    kernel does not apply (then RoPE, ``cache.write`` and ``attend`` run as separate steps)."""
     B, T, N, d = qkv_BTNd.shape
-    G = k_BSGd.shape[2]
     q_shape = jax.ShapeDtypeStruct((B, T, n_heads, d), k_BSGd.dtype)
-    if not (applies_decode(q_shape, k_BSGd, v_BSGd) and decode_kernel_enabled() and N == n_heads + 2 * G):
+    if not (applies_decode(q_shape, k_BSGd, v_BSGd) and decode_kernel_enabled()
+            and N == n_heads + 2 * k_BSGd.shape[2]):
         return None
-    if counts is None:
-        counts = jnp.zeros(counter_shape(B, G, n_heads // G, d), jnp.int32)
-    return rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, counts, n_heads=n_heads)
+    return rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads=n_heads)

@@ -83,19 +83,17 @@ def attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, compute_dtype: str = "param"):
 
 
 def attend_new_tokens(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads: int,
-                      compute_dtype: str = "param", scratch=None):
+                      compute_dtype: str = "param"):
     """A decoder layer's attention over T new tokens per sequence (positions ``start_B[b] + t``):
     RoPE on q and k, k and v written into the caches at ``start_B``, causal attention.
 
     ``qkv_BTNd`` is the q|k|v projection [B, T, H + 2G, d] (float32, before RoPE); returns
-    ``(o float32 [B, T, H, d], k_BSGd, v_BSGd, scratch)``. On Hopper with T <= 16 (decode, verify) and
+    ``(o float32 [B, T, H, d], k_BSGd, v_BSGd)``. On Hopper with T <= 16 (decode, verify) and
     ``compute_dtype="param"`` the three steps run as one kernel (``pallas_kernels.dispatch
-    .rope_attend_write``); the code below is their definition and runs everywhere else. ``scratch``
-    is the kernel's zeroed work array (split counters): pass the one the previous layer returned
-    (None for the first layer) so a forward zeroes it once; the reference path passes it through."""
+    .rope_attend_write``); the code below is their definition and runs everywhere else."""
     dispatch = _dispatch()
     if dispatch is not None and compute_dtype == "param":
-        out = dispatch.rope_attend_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads, scratch)
+        out = dispatch.rope_attend_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads)
         if out is not None:
             return out
     G = (qkv_BTNd.shape[2] - n_heads) // 2
@@ -103,4 +101,4 @@ def attend_new_tokens(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_hea
     k_BSGd = kv.write(k_BSGd, apply_rope(qkv_BTNd[:, :, n_heads:n_heads + G], cos_BTd, sin_BTd), start_B)
     v_BSGd = kv.write(v_BSGd, qkv_BTNd[:, :, n_heads + G:], start_B)
     q_pos_BT = start_B[:, None] + jnp.arange(qkv_BTNd.shape[1], dtype=jnp.int32)[None, :]
-    return attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, compute_dtype), k_BSGd, v_BSGd, scratch
+    return attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, compute_dtype), k_BSGd, v_BSGd

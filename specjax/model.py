@@ -16,6 +16,7 @@ LM head): "param" (the weight dtype) or "float32" (weights upcast inside the pro
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import jax
@@ -60,28 +61,25 @@ def lm_head(params: dict, cfg: ModelConfig, h_BTD: jax.Array) -> jax.Array:
     return linear(h_BTD, w_VD, cfg.compute_dtype)
 
 
-def attention_block(lp: dict, cfg: ModelConfig, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B,
-                    scratch=None):
-    """One attention sub-layer; writes this step's K/V into the cache at ``start_B``. ``scratch``: the
-    attention kernel's work array, threaded from layer to layer (``attention.attend_new_tokens``)."""
+def attention_block(lp: dict, cfg: ModelConfig, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B):
+    """One attention sub-layer; writes this step's K/V into the cache at ``start_B``."""
     B, T, _ = x_BTD.shape
     H, G, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     qkv = linear(x_BTD, lp["wqkv"], cfg.compute_dtype)
     if "bqkv" in lp:
         qkv = qkv + lp["bqkv"]
-    o_BTHd, k_BSGd, v_BSGd, scratch = attention.attend_new_tokens(
-        qkv.reshape(B, T, H + 2 * G, d), k_BSGd, v_BSGd, cos, sin, start_B, H, cfg.compute_dtype, scratch)
-    return linear(o_BTHd.reshape(B, T, H * d), lp["wo"], cfg.compute_dtype), k_BSGd, v_BSGd, scratch
+    o_BTHd, k_BSGd, v_BSGd = attention.attend_new_tokens(qkv.reshape(B, T, H + 2 * G, d), k_BSGd, v_BSGd,
+                                                         cos, sin, start_B, H, cfg.compute_dtype)
+    return linear(o_BTHd.reshape(B, T, H * d), lp["wo"], cfg.compute_dtype), k_BSGd, v_BSGd
 
 
-def decoder_layer(lp, cfg, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B, scratch=None):
-    """One decoder layer: ``(x_BTD, k_BSGd, v_BSGd, scratch)`` (see ``attention_block``)."""
-    a, k_BSGd, v_BSGd, scratch = attention_block(lp, cfg, rms_norm(x_BTD, lp["attn_norm"], cfg.norm_eps),
-                                                 cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B, scratch)
+def decoder_layer(lp, cfg, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B):
+    a, k_BSGd, v_BSGd = attention_block(lp, cfg, rms_norm(x_BTD, lp["attn_norm"], cfg.norm_eps),
+                                        cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B)
     x_BTD = x_BTD + a
     x_BTD = x_BTD + swiglu(rms_norm(x_BTD, lp["mlp_norm"], cfg.norm_eps), lp["w_gate_up"], lp["w_down"],
                            cfg.compute_dtype)
-    return x_BTD, k_BSGd, v_BSGd, scratch
+    return x_BTD, k_BSGd, v_BSGd
 
 
 def forward(params: dict, cfg: ModelConfig, tokens_BT: jax.Array, cache: kv.KVCache | None = None, *,
@@ -113,17 +111,15 @@ def forward(params: dict, cfg: ModelConfig, tokens_BT: jax.Array, cache: kv.KVCa
     cos, sin = rope_tables(cfg, q_pos_BT)
     x_BTD = embed(params, tokens_BT)
     path = fused.mode(cfg, B * T, params["embed"].dtype) if cached else None  # decode / verify fast path
+    layer = decoder_layer if path is None else functools.partial(fused.decoder_layer,
+                                                                 interpret=path == "interpret")
     tapped = {}
     new_k, new_v = list(cache.k), list(cache.v)
-    scratch = None  # the attention kernel's work array, zeroed by the first layer's call
     for i in range(L):
         if i in taps:
             tapped[i] = x_BTD
-        args = (params["layers"][i], cfg, x_BTD, cos, sin, q_pos_BT, cache.k[i], cache.v[i], start_B)
-        if path is None:
-            x_BTD, new_k[i], new_v[i], scratch = decoder_layer(*args, scratch)
-        else:
-            x_BTD, new_k[i], new_v[i] = fused.decoder_layer(*args, interpret=path == "interpret")
+        x_BTD, new_k[i], new_v[i] = layer(params["layers"][i], cfg, x_BTD, cos, sin, q_pos_BT,
+                                          cache.k[i], cache.v[i], start_B)
     if L < cfg.n_layers and L in taps:  # early exit: the input of layer L (= output of the last layer run)
         tapped[L] = x_BTD
     if L == cfg.n_layers and cfg.n_layers in taps:
