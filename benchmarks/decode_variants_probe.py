@@ -32,11 +32,9 @@ ORIG_DEFAULT, ORIG_LAYER = da.default_config, model.decoder_layer
 
 def mlp_layer(split: bool, post: bool):
     """model.decoder_layer with the MLP half rewritten (same math, other XLA fusion opportunities)."""
-    def layer(lp, cfg, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B, next_lp=None):
-        prefetch = (lp["w_gate_up"], lp["w_down"]) + ((next_lp["wqkv"],) if next_lp is not None else ())
+    def layer(lp, cfg, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B):
         a, k_BSGd, v_BSGd = model.attention_block(
-            lp, cfg, rms_norm(x_BTD, lp["attn_norm"], cfg.norm_eps), cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B,
-            prefetch)
+            lp, cfg, rms_norm(x_BTD, lp["attn_norm"], cfg.norm_eps), cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B)
         x_BTD = x_BTD + a
         w = lp["w_gate_up"]
         F = w.shape[0] // 2

@@ -52,7 +52,6 @@ from jax.experimental.pallas import triton as plgpu
 
 MAX_QUERIES = 16       # largest T; it fixes the packed row count R * MAX_QUERIES
 SPLITS_PER_STEP = 8    # the combine kernel's loop over splits is unrolled by this factor
-PREFETCH_CHUNK = 8192  # elements one prefetch program loads (16 KB of bf16)
 _LOG2E = math.log2(math.e)
 
 # jax 0.11 warns at every lowering of a Triton-backend pallas_call; keep model users' output clean.
@@ -125,8 +124,6 @@ class _Layout:
     n_splits: int     # splits of the S slots; 1: kernel 1 writes the output, no combine
     scale_log2: float
     fused: bool       # source is q|k|v before RoPE: rotate, substitute new keys, write them to the cache
-    prefetch: tuple[int, ...] = ()  # element counts of the arrays whose bytes extra programs pull into L2
-    prefetch_programs: int = 0      # those programs per (b, g, row tile), after the n_splits split programs
 
     @property
     def R(self) -> int:
@@ -242,22 +239,11 @@ def _split_kernel(*refs, L: _Layout):
     (unnormalised, only rows that saw a key), m and l [block_m], a split holding no visible key
     returning at once. Fused mode adds the caches (aliased to the inputs); program (b, g, 0, 0)
     writes the new rows."""
-    ids = tuple(pl.program_id(a) for a in range(4))  # (the interpreter wants them outside branches)
-    n_pre = len(L.prefetch)
-    if not n_pre:
-        return _split_program(refs, L, *ids[1:])
-    n_in = 6 if L.fused else 4
-    pre_refs, refs, sink_ref = refs[n_in:n_in + n_pre], refs[:n_in] + refs[n_in + n_pre:-1], refs[-1]
-    pl.when(ids[3] >= L.n_splits)(lambda: _prefetch(pre_refs, sink_ref, L, *ids))
-    pl.when(ids[3] < L.n_splits)(lambda: _split_program(refs, L, *ids[1:]))
-
-
-def _split_program(refs, L: _Layout, g, i, j):
-    """Kernel 1's program (g, i, j) of a sequence (see ``_split_kernel``), prefetch refs removed."""
     if L.fused:
         src_ref, pos_ref, cos_ref, sin_ref, k_ref, v_ref, *out_refs, k_out_ref, v_out_ref = refs
     else:
         (src_ref, pos_ref, k_ref, v_ref, *out_refs), cos_ref = refs, None
+    g, i, j = pl.program_id(1), pl.program_id(2), pl.program_id(3)
     t_M, src_M, dst_M, valid_M = _tile_rows(L, g, i)
     pos_M = jnp.where(valid_M, plgpu.load(pos_ref.at[t_M]), -1)
     start = j * L.split_len
@@ -301,32 +287,6 @@ def _split_program(refs, L: _Layout, g, i, j):
         pl.when(n_blocks > 0)(lambda: store_partials(*partials))
     else:  # a split past the tile's last key returns at once
         pl.when(n_blocks > 0)(lambda: store_partials(*attend()))
-
-
-def _prefetch(pre_refs, sink_ref, L: _Layout, b, g, i, j):
-    """A prefetch program of kernel 1: load one PREFETCH_CHUNK of the arrays in ``pre_refs`` (flat),
-    chunk q of their concatenation, so the kernels after this one find those bytes in L2 (the layer's
-    next weights, which at SmolLM2's size fit it many times over). The loaded values only feed a sum
-    stored to ``sink_ref`` (an output nobody reads) so the compiler keeps the loads."""
-    tiles = packed_rows(L.R, L.block_m) // L.block_m
-    q = ((b * L.G + g) * tiles + i) * L.prefetch_programs + (j - L.n_splits)
-    first = 0
-    total = jnp.zeros((), jnp.float32)
-    for ref, n in zip(pre_refs, L.prefetch):
-        chunks = -(-n // PREFETCH_CHUNK)
-        c = jnp.clip(q - first, 0, chunks - 1)
-        idx = c * PREFETCH_CHUNK + lax.broadcasted_iota(jnp.int32, (PREFETCH_CHUNK,), 0)
-        mine = (q >= first) & (q < first + chunks)
-        x = plgpu.load(ref.at[pl.ds(c * PREFETCH_CHUNK, PREFETCH_CHUNK)], mask=mine & (idx < n), other=0,
-                       eviction_policy="evict_last")
-        total = total + jnp.sum(x.astype(jnp.float32))
-        first += chunks
-    sink_ref[...] = total
-
-
-def prefetch_chunks(sizes) -> int:
-    """PREFETCH_CHUNK-element chunks of arrays of these element counts (one prefetch program each)."""
-    return sum(-(-n // PREFETCH_CHUNK) for n in sizes)
 
 
 def _combine_kernel(pos_ref, o_ref, m_ref, l_ref, out_ref, *, L: _Layout):
@@ -395,15 +355,8 @@ def _build(B: int, L: _Layout, cfg: TuningConfig, interpret: bool):
     if L.fused:  # the caches: written in place (inputs 4, 5 -> the last two outputs)
         aliases = {4: len(out_shape), 5: len(out_shape) + 1}
         out_specs = out_specs + [cache_spec] * 2
-    P = L.prefetch_programs
-    if L.prefetch:  # flat arrays, whole; one sink scalar per prefetch program; split blocks clamped
-        in_specs = in_specs + [pl.BlockSpec((n,), lambda b, g, i, j: (0,)) for n in L.prefetch]
-        clamp = lambda spec: pl.BlockSpec(spec.block_shape, lambda b, g, i, j, f=spec.index_map: f(
-            b, g, i, jnp.minimum(j, n_splits - 1)))
-        out_specs = [clamp(sp) for sp in out_specs] + [pl.BlockSpec(
-            (None, None, None, None), lambda b, g, i, j: (b, g, i, jnp.maximum(j - n_splits, 0)))]
     split = functools.partial(
-        pl.pallas_call, functools.partial(_split_kernel, L=L), grid=(B, L.G, tiles, n_splits + P),
+        pl.pallas_call, functools.partial(_split_kernel, L=L), grid=(B, L.G, tiles, n_splits),
         in_specs=in_specs, out_specs=out_specs, input_output_aliases=aliases, compiler_params=params,
         interpret=interpret, name="decode_attention")
     combine = pl.pallas_call(
@@ -416,17 +369,12 @@ def _build(B: int, L: _Layout, cfg: TuningConfig, interpret: bool):
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1), interpret=interpret,
         name="decode_attention_combine")
 
-    def fn(src, pos, *rest, prefetch=(), with_sink=False):
+    def fn(src, pos, *rest):
         caches = rest[-2:]
         shapes = out_shape + ([jax.ShapeDtypeStruct(c.shape, c.dtype) for c in caches] if L.fused else [])
-        if L.prefetch:
-            shapes = shapes + [jax.ShapeDtypeStruct((B, L.G, tiles, P), jnp.float32)]
-            rest = (*rest, *(a.reshape(-1) for a in prefetch))
         outs = split(out_shape=shapes)(src, pos, *rest)
         o = outs[0] if n_splits == 1 else combine(pos, *outs[:3])
-        if with_sink:  # (tests: the prefetch programs' sums)
-            return outs[-1]
-        return (o, *outs[len(out_shape):len(out_shape) + 2]) if L.fused else o
+        return (o, *outs[len(out_shape):]) if L.fused else o
     return fn
 
 
@@ -450,15 +398,12 @@ def _check(q_shape, k, v, q_dtype):
         raise ValueError(f"head dim must be 64, 128 or 256, got {d}")
 
 
-def _layout(B, T, H, G, N, S, d, config, scale, fused, prefetch=()):
+def _layout(B, T, H, G, N, S, d, config, scale, fused):
     cfg = config or default_config(B, G, H // G, d)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     n_splits, split_len = split_geometry(S, cfg)
-    sizes = tuple(int(a.size) for a in prefetch)
-    tiles = packed_rows(H // G, cfg.block_m) // cfg.block_m
     L = _Layout(T=T, H=H, G=G, N=N, S=S, d=d, block_m=cfg.block_m, block_k=cfg.block_k, split_len=split_len,
-                n_splits=n_splits, scale_log2=scale * _LOG2E, fused=fused, prefetch=sizes,
-                prefetch_programs=-(-prefetch_chunks(sizes) // (B * G * tiles)))
+                n_splits=n_splits, scale_log2=scale * _LOG2E, fused=fused)
     return L, cfg
 
 
@@ -479,7 +424,7 @@ def decode_attention(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, *, scale: float | None = 
 
 
 @functools.partial(jax.jit, static_argnames=("n_heads", "scale", "config", "interpret"))
-def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, prefetch=(), *, n_heads: int,
+def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *, n_heads: int,
                          scale: float | None = None, config: TuningConfig | None = None,
                          interpret: bool = False):
     """Jitted entry, one launch (two with several splits) for a decoder layer's attention over T <= 16
@@ -489,10 +434,7 @@ def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, pr
     slots ``start_B[b] + t`` of the caches (in place when XLA can donate them) and attends causally.
     Returns ``(o float32 [B, T, H, d], k_BSGd, v_BSGd)``: the same values as RoPE, ``cache.write``
     and ``decode_attention`` in sequence (``rope_attention_write_reference``), and a query's output
-    has the same bits as from ``decode_attention`` given the same roped, rounded q and caches.
-
-    ``prefetch``: arrays (the layer's next weights) that extra programs of the same launch load once, so
-    the kernels after this one read them from L2 instead of HBM; results do not depend on them."""
+    has the same bits as from ``decode_attention`` given the same roped, rounded q and caches."""
     (B, T, N, d), (S, G) = qkv_BTNd.shape, k_BSGd.shape[1:3]
     H = n_heads
     if N != H + 2 * G or cos_BTd.shape != (B, T, d) or sin_BTd.shape != (B, T, d) or start_B.shape != (B,):
@@ -500,11 +442,11 @@ def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, pr
                          f"start [B]; got qkv {qkv_BTNd.shape}, cos {cos_BTd.shape}, sin {sin_BTd.shape}, "
                          f"start {start_B.shape}")
     _check((B, T, H, d), k_BSGd, v_BSGd, k_BSGd.dtype)
-    L, cfg = _layout(B, T, H, G, N, S, d, config, scale, fused=True, prefetch=prefetch)
+    L, cfg = _layout(B, T, H, G, N, S, d, config, scale, fused=True)
     q_pos_BT = start_B.astype(jnp.int32)[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
     o, k_BSGd, v_BSGd = _build(B, L, cfg, interpret)(
         qkv_BTNd.astype(jnp.float32).reshape(B, T * N, d), q_pos_BT, cos_BTd.astype(jnp.float32),
-        sin_BTd.astype(jnp.float32), k_BSGd, v_BSGd, prefetch=prefetch)
+        sin_BTd.astype(jnp.float32), k_BSGd, v_BSGd)
     return o.reshape(B, T, H, d), k_BSGd, v_BSGd
 
 

@@ -73,22 +73,14 @@ def attend(q_BTHd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array,
     return flash_attention(q_BTHd, k_BSGd, v_BSGd, kend_BT)
 
 
-PREFETCH_MAX_BYTES = 16 << 20  # prefetch a layer's next weights only while they fit L2 (50 MB on H100) easily
-
-
 def rope_attend_write(qkv_BTNd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array, cos_BTd: jax.Array,
-                      sin_BTd: jax.Array, start_B: jax.Array, n_heads: int, prefetch=()):
+                      sin_BTd: jax.Array, start_B: jax.Array, n_heads: int):
     """A decoder layer's attention over T <= 16 new tokens in one kernel: ``(o, k_BSGd, v_BSGd)`` from
     ``rope_attention_write`` (q|k|v before RoPE, [B, T, H + 2G, d] float32), or None where the decode
-    kernel does not apply (then RoPE, ``cache.write`` and ``attend`` run as separate steps).
-    ``prefetch``: the weights the next kernels read; the same launch pulls them into L2 when their
-    bytes are at most PREFETCH_MAX_BYTES (small models, whose steps wait on latency, not bandwidth)."""
+    kernel does not apply (then RoPE, ``cache.write`` and ``attend`` run as separate steps)."""
     B, T, N, d = qkv_BTNd.shape
     q_shape = jax.ShapeDtypeStruct((B, T, n_heads, d), k_BSGd.dtype)
     if not (applies_decode(q_shape, k_BSGd, v_BSGd) and decode_kernel_enabled()
             and N == n_heads + 2 * k_BSGd.shape[2]):
         return None
-    if sum(a.size * a.dtype.itemsize for a in prefetch) > PREFETCH_MAX_BYTES:
-        prefetch = ()
-    return rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, tuple(prefetch),
-                                n_heads=n_heads)
+    return rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads=n_heads)

@@ -83,18 +83,17 @@ def attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, compute_dtype: str = "param"):
 
 
 def attend_new_tokens(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads: int,
-                      compute_dtype: str = "param", prefetch=()):
+                      compute_dtype: str = "param"):
     """A decoder layer's attention over T new tokens per sequence (positions ``start_B[b] + t``):
     RoPE on q and k, k and v written into the caches at ``start_B``, causal attention.
 
     ``qkv_BTNd`` is the q|k|v projection [B, T, H + 2G, d] (float32, before RoPE); returns
     ``(o float32 [B, T, H, d], k_BSGd, v_BSGd)``. On Hopper with T <= 16 (decode, verify) and
     ``compute_dtype="param"`` the three steps run as one kernel (``pallas_kernels.dispatch
-    .rope_attend_write``); the code below is their definition and runs everywhere else. ``prefetch``
-    (weights the next kernels read) is a performance hint to that kernel, never changing the result."""
+    .rope_attend_write``); the code below is their definition and runs everywhere else."""
     dispatch = _dispatch()
     if dispatch is not None and compute_dtype == "param":
-        out = dispatch.rope_attend_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads, prefetch)
+        out = dispatch.rope_attend_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads)
         if out is not None:
             return out
     G = (qkv_BTNd.shape[2] - n_heads) // 2

@@ -61,27 +61,21 @@ def lm_head(params: dict, cfg: ModelConfig, h_BTD: jax.Array) -> jax.Array:
     return linear(h_BTD, w_VD, cfg.compute_dtype)
 
 
-def attention_block(lp: dict, cfg: ModelConfig, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B,
-                    prefetch=()):
-    """One attention sub-layer; writes this step's K/V into the cache at ``start_B``. ``prefetch``: the
-    weights read after the attention (a hint to the GPU kernel, see ``attention.attend_new_tokens``)."""
+def attention_block(lp: dict, cfg: ModelConfig, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B):
+    """One attention sub-layer; writes this step's K/V into the cache at ``start_B``."""
     B, T, _ = x_BTD.shape
     H, G, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     qkv = linear(x_BTD, lp["wqkv"], cfg.compute_dtype)
     if "bqkv" in lp:
         qkv = qkv + lp["bqkv"]
     o_BTHd, k_BSGd, v_BSGd = attention.attend_new_tokens(qkv.reshape(B, T, H + 2 * G, d), k_BSGd, v_BSGd,
-                                                         cos, sin, start_B, H, cfg.compute_dtype,
-                                                         (lp["wo"], *prefetch))
+                                                         cos, sin, start_B, H, cfg.compute_dtype)
     return linear(o_BTHd.reshape(B, T, H * d), lp["wo"], cfg.compute_dtype), k_BSGd, v_BSGd
 
 
-def decoder_layer(lp, cfg, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B, next_lp=None):
-    """One decoder layer. ``next_lp``, the next layer's params (None for the last), lets the attention
-    kernel prefetch every weight read between it and the next attention (MLP, next q|k|v)."""
-    prefetch = (lp["w_gate_up"], lp["w_down"]) + ((next_lp["wqkv"],) if next_lp is not None else ())
+def decoder_layer(lp, cfg, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B):
     a, k_BSGd, v_BSGd = attention_block(lp, cfg, rms_norm(x_BTD, lp["attn_norm"], cfg.norm_eps),
-                                        cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B, prefetch)
+                                        cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B)
     x_BTD = x_BTD + a
     x_BTD = x_BTD + swiglu(rms_norm(x_BTD, lp["mlp_norm"], cfg.norm_eps), lp["w_gate_up"], lp["w_down"],
                            cfg.compute_dtype)
@@ -124,11 +118,8 @@ def forward(params: dict, cfg: ModelConfig, tokens_BT: jax.Array, cache: kv.KVCa
     for i in range(L):
         if i in taps:
             tapped[i] = x_BTD
-        args = (params["layers"][i], cfg, x_BTD, cos, sin, q_pos_BT, cache.k[i], cache.v[i], start_B)
-        if path is None:
-            x_BTD, new_k[i], new_v[i] = decoder_layer(*args, params["layers"][i + 1] if i + 1 < L else None)
-        else:
-            x_BTD, new_k[i], new_v[i] = layer(*args)
+        x_BTD, new_k[i], new_v[i] = layer(params["layers"][i], cfg, x_BTD, cos, sin, q_pos_BT,
+                                          cache.k[i], cache.v[i], start_B)
     if L < cfg.n_layers and L in taps:  # early exit: the input of layer L (= output of the last layer run)
         tapped[L] = x_BTD
     if L == cfg.n_layers and cfg.n_layers in taps:
