@@ -60,8 +60,7 @@ def main():
              f"python benchmarks/profile_decode.py --model {args.model} --batch {args.batch} --steps {args.steps}"
              f" --timeline {args.timeline}",
              f"{args.model} B={args.batch}: {r.seconds * 1e3 / steps:.3f} ms/step wall (incl. prefill), "
-             f"{len(gpu) / steps:.1f} GPU events/step, {sum(v[1] for v in agg.values()) / steps:.1f} us busy/step",
-             f"processes: {sorted(set(pids.values()))}"]
+             f"{len(gpu) / steps:.1f} GPU events/step, {sum(v[1] for v in agg.values()) / steps:.1f} us busy/step"]
     for name, (n, dur) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:40]:
         lines.append(f"{n / steps:7.1f}/step {dur / steps:9.1f} us/step  {name[:120]}")
     if args.timeline:
