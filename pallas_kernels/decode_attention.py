@@ -17,8 +17,12 @@ Work. The cache axis S is cut into splits of ``split_blocks * block_k`` keys (sp
 and not even on S). Kernel 1 runs one program per (sequence, kv head, row tile, split): an online
 softmax over the split's key blocks that returns the partial (unnormalised o, running max m, sum l)
 per row. Key blocks (and whole splits) that lie entirely past the largest position of the tile's rows
-are never loaded and cost nothing, so the work follows the filled length, not the capacity. Kernel 2
-merges, row by row in split order, the partials of the splits that hold a visible key. When S fits
+are never loaded, so the work follows the filled length, not the capacity. Exception, for latency:
+with one key block per split (``split_blocks=1``, the default for small B * G) a program loads and
+computes its block before the positions arrive (keys past them are masked) and only its stores wait
+on them; splits past the filled length then cost a masked block each, in parallel. Kernel 2
+merges, row by row in split order, the partials of the splits that hold a visible key (its loop over
+splits unrolled by ``SPLITS_PER_STEP``, so their loads overlap). When S fits
 in one split, kernel 1 normalises and writes the output itself and kernel 2 is skipped; a row that
 sees only split 0 gets the same bits either way, so a query's output does not depend on the cache
 capacity S either (AR and speculative loops may bucket their caches differently).
@@ -237,7 +241,7 @@ def _split_kernel(*refs, L: _Layout):
     k / v [S, d] (the whole cache row of (b, g); only visited blocks are loaded). Outputs: one split:
     o [T * H, d] float32, this tile's rows written, normalised; several: partials o [block_m, d]
     (unnormalised, only rows that saw a key), m and l [block_m], a split holding no visible key
-    returning at once. Fused mode adds the caches (aliased to the inputs); program (b, g, 0, 0)
+    storing nothing. Fused mode adds the caches (aliased to the inputs); program (b, g, 0, 0)
     writes the new rows."""
     if L.fused:
         src_ref, pos_ref, cos_ref, sin_ref, k_ref, v_ref, *out_refs, k_out_ref, v_out_ref = refs
