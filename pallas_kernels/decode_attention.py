@@ -238,7 +238,8 @@ def _split_kernel(*refs, L: _Layout):
     """Kernel 1: one program = (sequence b, kv head g, row tile i, key split j).
 
     Inputs: src [T * N, d] (the queries, or q|k|v before RoPE), pos [T], (fused: cos, sin [T, d]),
-    k / v [S, d] (the whole cache row of (b, g); only visited blocks are loaded). Outputs: one split:
+    k / v [S, d] (the whole cache row of (b, g); only blocks up to the tile's last key are loaded, or, with
+    one block per split, each program's block). Outputs: one split:
     o [T * H, d] float32, this tile's rows written, normalised; several: partials o [block_m, d]
     (unnormalised, only rows that saw a key), m and l [block_m], a split holding no visible key
     storing nothing. Fused mode adds the caches (aliased to the inputs); program (b, g, 0, 0)

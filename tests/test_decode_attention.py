@@ -79,7 +79,7 @@ def test_interpreter_matches_reference(T, R, d, dtype):
 def test_interpreter_output_independent_of_cache_capacity(cfg):
     """Same queries and the same first 150 slots: a cache of 150 and one of 300 slots give the same
     bits (with split_blocks=5, 150 slots fit one split and 300 need the combine kernel; with 16-key
-    splits the combine kernel unrolls 10 splits at 150 slots and loops over 19 at 300)."""
+    splits the combine kernel runs two unrolled steps of 8 splits at 150 slots and three at 300)."""
     B, T, H, G, d = 2, 4, 6, 2, 64
     q, k, v = _inputs(8, B, T, H, 300, G, d, "bfloat16")
     q_pos = jnp.asarray([[0], [146]], jnp.int32) + jnp.arange(T, dtype=jnp.int32)[None]
