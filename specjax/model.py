@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from specjax import attention, fused
 from specjax import cache as kv
 from specjax.config import ModelConfig
-from specjax.layers import linear, rms_norm, rope_tables, swiglu
+from specjax.layers import linear, norm_swiglu, rms_norm, rope_tables
 
 
 def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32, scale: float = 0.02) -> dict:
@@ -77,8 +77,8 @@ def decoder_layer(lp, cfg, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B):
     a, k_BSGd, v_BSGd = attention_block(lp, cfg, rms_norm(x_BTD, lp["attn_norm"], cfg.norm_eps),
                                         cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B)
     x_BTD = x_BTD + a
-    x_BTD = x_BTD + swiglu(rms_norm(x_BTD, lp["mlp_norm"], cfg.norm_eps), lp["w_gate_up"], lp["w_down"],
-                           cfg.compute_dtype)
+    x_BTD = x_BTD + norm_swiglu(x_BTD, lp["mlp_norm"], cfg.norm_eps, lp["w_gate_up"], lp["w_down"],
+                                cfg.compute_dtype)
     return x_BTD, k_BSGd, v_BSGd
 
 
