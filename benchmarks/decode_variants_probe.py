@@ -5,9 +5,8 @@ between variants), so their ratios come from one run on one card.
     PYTHONPATH=.:benchmarks python3 benchmarks/decode_variants_probe.py [VARIANT ...] [--batches 1,8]
 
 A variant is ``default`` or comma-joined TuningConfig overrides on top of ``default_config``, e.g.
-``num_stages=1`` or ``block_k=32,num_warps=2``, then optional ``+FLAG``s: ``+mlp=split`` runs gate and up as two matmuls (slices of the fused weight); ``+mlp=post`` applies the
-MLP RMSNorm's 1/rms to the gate/up outputs instead of to their input (the input is then x * w, which
-needs no reduction first); ``+mlp=splitpost`` both.
+``num_stages=1`` or ``block_k=32,num_warps=2``. (Commits 7f0cd44-ba1ffb5 also had ``+mlp=...`` layer
+variants; the winner, the MLP norm's 1/rms after the gate/up matmul, is now ``layers.norm_swiglu``.)
 """
 from __future__ import annotations
 
@@ -25,46 +24,16 @@ import profile_decode
 import pallas_kernels.decode_attention as da
 from specjax import model
 from specjax.generate import generate
-from specjax.layers import linear, rms_norm
 
-ORIG_DEFAULT, ORIG_LAYER = da.default_config, model.decoder_layer
-
-
-def mlp_layer(split: bool, post: bool):
-    """model.decoder_layer with the MLP half rewritten (same math, other XLA fusion opportunities)."""
-    def layer(lp, cfg, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B):
-        a, k_BSGd, v_BSGd = model.attention_block(
-            lp, cfg, rms_norm(x_BTD, lp["attn_norm"], cfg.norm_eps), cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B)
-        x_BTD = x_BTD + a
-        w = lp["w_gate_up"]
-        F = w.shape[0] // 2
-        if post:
-            inv = jax.lax.rsqrt(jnp.mean(x_BTD * x_BTD, axis=-1, keepdims=True) + cfg.norm_eps)
-            h = x_BTD * lp["mlp_norm"]
-        else:
-            inv, h = 1.0, rms_norm(x_BTD, lp["mlp_norm"], cfg.norm_eps)
-        if split:
-            gate, up = linear(h, w[:F], cfg.compute_dtype), linear(h, w[F:], cfg.compute_dtype)
-        else:
-            gate, up = jnp.split(linear(h, w, cfg.compute_dtype), 2, axis=-1)
-        x_BTD = x_BTD + linear(jax.nn.silu(gate * inv) * (up * inv), lp["w_down"], cfg.compute_dtype)
-        return x_BTD, k_BSGd, v_BSGd
-    return layer
+ORIG_DEFAULT = da.default_config
 
 
 def apply(variant: str):
-    """Install the variant's default_config and layer, restoring the originals first."""
-    da.default_config, model.decoder_layer = ORIG_DEFAULT, ORIG_LAYER
-    spec, *flags = variant.split("+")
-    if spec != "default":
-        kw = {k: int(v) for k, v in (p.split("=") for p in spec.split(","))}
+    """Install the variant's default_config (the original first) and clear JAX's compilation caches."""
+    da.default_config = ORIG_DEFAULT
+    if variant != "default":
+        kw = {k: int(v) for k, v in (p.split("=") for p in variant.split(","))}
         da.default_config = lambda *a: dataclasses.replace(ORIG_DEFAULT(*a), **kw)
-    for flag in flags:
-        if flag.startswith("mlp="):
-            mode = flag[4:]
-            model.decoder_layer = mlp_layer(split="split" in mode, post="post" in mode)
-        else:
-            raise ValueError(f"unknown variant flag {flag!r}")
     jax.clear_caches()
 
 

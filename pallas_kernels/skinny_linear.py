@@ -276,9 +276,13 @@ def norm_qkv_rope(x_MI, g_I, w_NI, b_N, cos_Md, sin_Md, pos_M, k_BSGd, v_BSGd, *
 
 
 # ------------------------------------------------------------------------------------ references
-def _norm(x_MI, g_I, eps):
+def _inv_rms_reference(x_MI, eps):
     x = x_MI.astype(jnp.float32)
-    return g_I * (x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps))
+    return lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+def _norm(x_MI, g_I, eps):
+    return g_I * (x_MI.astype(jnp.float32) * _inv_rms_reference(x_MI, eps))
 
 
 def _lin(x_MI, w_NI):
@@ -295,9 +299,7 @@ def linear_residual_reference(x_MI, w_NI, r_MN):
 
 
 def norm_swiglu_reference(x_MI, g_I, w_2FI, *, eps: float):
-    x = x_MI.astype(jnp.float32)
-    inv = lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
-    gate, up = jnp.split(_lin(g_I * x, w_2FI) * inv, 2, axis=-1)
+    gate, up = jnp.split(_lin(g_I * x_MI.astype(jnp.float32), w_2FI) * _inv_rms_reference(x_MI, eps), 2, axis=-1)
     return jax.nn.silu(gate) * up
 
 

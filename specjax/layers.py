@@ -11,10 +11,15 @@ import numpy as np
 from specjax.config import ModelConfig, check_compute_dtype
 
 
+def inv_rms(x_BTD: jax.Array, eps: float) -> jax.Array:
+    """1 / rms over the last axis, float32, keepdims: RMSNorm's statistic."""
+    x32 = x_BTD.astype(jnp.float32)
+    return jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+
+
 def rms_norm(x_BTD: jax.Array, w_D: jax.Array, eps: float) -> jax.Array:
     """HF-exact RMSNorm: statistics in float32, scale applied after casting back."""
-    x32 = x_BTD.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    y = x_BTD.astype(jnp.float32) * inv_rms(x_BTD, eps)
     return w_D * y.astype(x_BTD.dtype)
 
 
@@ -86,6 +91,4 @@ def norm_swiglu(x_BTD: jax.Array, w_norm_D: jax.Array, eps: float, w_gate_up_2FD
     XLA fuses it into the gate/up kernel: one kernel less per layer at decode (an H100: 30 kernels and
     11.5 us fewer per SmolLM2 step, benchmarks/NOTES.md item 13). In bf16 the operand rounded on the way
     into the matmul is x * w instead of x * w / rms: the same relative rounding, other bits."""
-    x32 = x_BTD.astype(jnp.float32)
-    inv_BT1 = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return swiglu(w_norm_D * x_BTD, w_gate_up_2FD, w_down_DF, compute_dtype, inv_BT1)
+    return swiglu(w_norm_D * x_BTD, w_gate_up_2FD, w_down_DF, compute_dtype, inv_rms(x_BTD, eps))

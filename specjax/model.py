@@ -61,7 +61,7 @@ def lm_head(params: dict, cfg: ModelConfig, h_BTD: jax.Array) -> jax.Array:
     return linear(h_BTD, w_VD, cfg.compute_dtype)
 
 
-def attention_block(lp: dict, cfg: ModelConfig, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B):
+def attention_block(lp: dict, cfg: ModelConfig, x_BTD, cos, sin, k_BSGd, v_BSGd, start_B):
     """One attention sub-layer; writes this step's K/V into the cache at ``start_B``."""
     B, T, _ = x_BTD.shape
     H, G, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -74,8 +74,10 @@ def attention_block(lp: dict, cfg: ModelConfig, x_BTD, cos, sin, q_pos_BT, k_BSG
 
 
 def decoder_layer(lp, cfg, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B):
+    """One decoder layer. ``q_pos_BT`` (= start_B + t) is unused here; the signature is the one
+    ``fused.decoder_layer`` shares, which takes the K/V slots from it."""
     a, k_BSGd, v_BSGd = attention_block(lp, cfg, rms_norm(x_BTD, lp["attn_norm"], cfg.norm_eps),
-                                        cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B)
+                                        cos, sin, k_BSGd, v_BSGd, start_B)
     x_BTD = x_BTD + a
     x_BTD = x_BTD + norm_swiglu(x_BTD, lp["mlp_norm"], cfg.norm_eps, lp["w_gate_up"], lp["w_down"],
                                 cfg.compute_dtype)
