@@ -47,7 +47,6 @@ import dataclasses
 import functools
 import math
 import warnings
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -129,8 +128,6 @@ class _Layout:
     n_splits: int     # splits of the S slots; 1: kernel 1 writes the output, no combine
     scale_log2: float
     fused: bool       # source is q|k|v before RoPE: rotate, substitute new keys, write them to the cache
-    D: int = 0        # fused mode: width of the layer input x whose RMSNorm 1/rms scales each token's
-    eps: float = 0.0  # q|k|v rows (the norm's weight is in the projection's operand); 0: no scaling
 
     @property
     def R(self) -> int:
@@ -165,57 +162,24 @@ def _store_rows(ref, row_M, val_Md, mask_M):
     plgpu.store(_at_rows(ref, row_M), val_Md, mask=_rows2d(mask_M, val_Md.shape[1]))
 
 
-class _Source(NamedTuple):
-    """Fused mode: the q|k|v rows before RoPE, the rotary tables, and each token's row scale."""
-    src: Any                  # ref [T * N, d] float32
-    cos: Any                  # ref [T, d]
-    sin: Any
-    scale_Q: jax.Array | None  # [MAX_QUERIES] float32 1/rms of token t (``_token_inv_rms``), or None
-
-
-def _token_inv_rms(x_ref, L: _Layout):
-    """RMSNorm's 1/rms of each of this sequence's tokens, [MAX_QUERIES] float32 (0 past T), from the layer
-    input x [T, D]: squares summed over D in chunks of 256 (static, so every program, and every call with
-    T tokens or one, computes a token's value with the same operations: the same bits)."""
-    t = lax.broadcasted_iota(jnp.int32, (MAX_QUERIES,), 0)
-    ok = t < L.T
-    t = jnp.where(ok, t, 0)
-    width = min(256, 1 << (L.D - 1).bit_length())
-    ss = jnp.zeros((MAX_QUERIES,), jnp.float32)
-    for c0 in range(0, L.D, width):
-        col = c0 + lax.broadcasted_iota(jnp.int32, (width,), 0)
-        mask = ok[:, None] & (col < L.D)[None, :]
-        x = plgpu.load(x_ref.at[t[:, None], jnp.minimum(col, L.D - 1)[None, :]], mask=mask, other=0.0)
-        ss = ss + jnp.sum(x * x, axis=1)
-    return jnp.where(ok, lax.rsqrt(ss / L.D + L.eps), 0.0)
-
-
-def _src_rows(s: _Source, row_M, t_M, mask_M, d, col_d=None):
-    """Source rows ``row_M`` (of queries ``t_M``) as float32, scaled by their token's 1/rms if any. The
-    scale is picked from ``scale_Q`` by a one-hot sum (exact: one nonzero term)."""
-    x = plgpu.load(_at_rows(s.src, row_M, col_d), mask=_rows2d(mask_M, d), other=0.0).astype(jnp.float32)
-    if s.scale_Q is None:
-        return x
-    pick = t_M[:, None] == lax.broadcasted_iota(jnp.int32, (1, MAX_QUERIES), 1)
-    return x * jnp.sum(jnp.where(pick, s.scale_Q[None, :], 0.0), axis=1)[:, None]
-
-
-def _rope_rows(s: _Source, row_M, t_M, mask_M, d):
+def _rope_rows(src_ref, cos_ref, sin_ref, row_M, t_M, mask_M, d):
     """HF rotate-half RoPE of source rows ``row_M`` at the positions of queries ``t_M`` (float32):
     x * cos + rotate_half(x) * sin, rotate_half(x)[c] = -x[c + d/2] (c < d/2), x[c - d/2] (else)."""
     col = lax.broadcasted_iota(jnp.int32, (d,), 0)
     rot = jnp.where(col < d // 2, col + d // 2, col - d // 2)
     sign = jnp.where(col < d // 2, -1.0, 1.0).astype(jnp.float32)
-    x = _src_rows(s, row_M, t_M, mask_M, d)
-    x_rot = _src_rows(s, row_M, t_M, mask_M, d, rot)
-    cos, sin = plgpu.load(_at_rows(s.cos, t_M)), plgpu.load(_at_rows(s.sin, t_M))
+    mask = _rows2d(mask_M, d)
+    x = plgpu.load(_at_rows(src_ref, row_M), mask=mask, other=0.0).astype(jnp.float32)
+    x_rot = plgpu.load(_at_rows(src_ref, row_M, rot), mask=mask, other=0.0).astype(jnp.float32)
+    cos, sin = plgpu.load(_at_rows(cos_ref, t_M)), plgpu.load(_at_rows(sin_ref, t_M))
     return x * cos + (x_rot * sign[None, :]) * sin
 
 
-def _new_rows(s: _Source, L: _Layout, g, t_M, mask_M, dtype):
+def _new_rows(refs, L: _Layout, g, t_M, mask_M, dtype):
     """This call's K and V rows for kv head g at queries ``t_M`` (fused mode), in the cache dtype."""
-    k = _rope_rows(s, t_M * L.N + L.H + g, t_M, mask_M, L.d)
-    v = _src_rows(s, t_M * L.N + L.H + L.G + g, t_M, mask_M, L.d)
+    src_ref, cos_ref, sin_ref = refs
+    k = _rope_rows(src_ref, cos_ref, sin_ref, t_M * L.N + L.H + g, t_M, mask_M, L.d)
+    v = plgpu.load(_at_rows(src_ref, t_M * L.N + L.H + L.G + g), mask=_rows2d(mask_M, L.d), other=0.0)
     return k.astype(dtype), v.astype(dtype)
 
 
@@ -230,12 +194,12 @@ def _key_block(i, carry, *, q_Md, k_ref, v_ref, pos_M, start, L: _Layout, new):
     k_Kd = plgpu.load(k_ref.at[pl.ds(first, L.block_k), :], mask=_rows2d(in_cache, L.d), other=0.0)
     v_Kd = plgpu.load(v_ref.at[pl.ds(first, L.block_k), :], mask=_rows2d(in_cache, L.d), other=0.0)
     if new is not None:
-        source, g, slot0 = new
+        refs, g, slot0 = new
         t_K = key_K - slot0
         is_new = (t_K >= 0) & (t_K < L.T)
 
         def merge():
-            k_new, v_new = _new_rows(source, L, g, jnp.where(is_new, t_K, 0), is_new, k_Kd.dtype)
+            k_new, v_new = _new_rows(refs, L, g, jnp.where(is_new, t_K, 0), is_new, k_Kd.dtype)
             return (jnp.where(_rows2d(is_new, L.d), k_new, k_Kd), jnp.where(_rows2d(is_new, L.d), v_new, v_Kd))
         k_Kd, v_Kd = lax.cond((first < slot0 + L.T) & (first + L.block_k > slot0), merge, lambda: (k_Kd, v_Kd))
     s_MK = plgpu.dot(q_Md, k_Kd, trans_b=True) * L.scale_log2        # log2 domain
@@ -260,12 +224,12 @@ def _last_key(pos_M, seq_len):
     return jnp.minimum(jnp.max(pos_M), seq_len - 1)
 
 
-def _write_new_rows(source: _Source, k_out_ref, v_out_ref, L: _Layout, g, slot0, dtype):
+def _write_new_rows(refs, k_out_ref, v_out_ref, L: _Layout, g, slot0, dtype):
     """Fused mode, one program per (b, g): the T new K/V rows into cache slots slot0 .. slot0+T-1."""
     t = lax.broadcasted_iota(jnp.int32, (MAX_QUERIES,), 0)
     ok = (t < L.T) & (slot0 + t < L.S)
     t = jnp.where(ok, t, 0)
-    k_new, v_new = _new_rows(source, L, g, t, ok, dtype)
+    k_new, v_new = _new_rows(refs, L, g, t, ok, dtype)
     _store_rows(k_out_ref, slot0 + t, k_new, ok)
     _store_rows(v_out_ref, slot0 + t, v_new, ok)
 
@@ -281,11 +245,9 @@ def _split_kernel(*refs, L: _Layout):
     storing nothing. Fused mode adds the caches (aliased to the inputs); program (b, g, 0, 0)
     writes the new rows."""
     if L.fused:
-        src_ref, pos_ref, cos_ref, sin_ref, *refs = refs
-        x_ref, refs = (refs[0], refs[1:]) if L.D else (None, refs)
-        k_ref, v_ref, *out_refs, k_out_ref, v_out_ref = refs
+        src_ref, pos_ref, cos_ref, sin_ref, k_ref, v_ref, *out_refs, k_out_ref, v_out_ref = refs
     else:
-        src_ref, pos_ref, k_ref, v_ref, *out_refs = refs
+        (src_ref, pos_ref, k_ref, v_ref, *out_refs), cos_ref = refs, None
     g, i, j = pl.program_id(1), pl.program_id(2), pl.program_id(3)
     t_M, src_M, dst_M, valid_M = _tile_rows(L, g, i)
     pos_M = jnp.where(valid_M, plgpu.load(pos_ref.at[t_M]), -1)
@@ -294,17 +256,16 @@ def _split_kernel(*refs, L: _Layout):
     n_blocks = lax.div(n_keys + L.block_k - 1, L.block_k)
     new = None
     if L.fused:
-        slot0 = pos_ref[0]
-        source = _Source(src_ref, cos_ref, sin_ref, _token_inv_rms(x_ref, L) if L.D else None)
-        new = (source, g, slot0)
+        slot0, rope = pos_ref[0], (src_ref, cos_ref, sin_ref)
+        new = (rope, g, slot0)
 
         @pl.when((i == 0) & (j == 0))
         def _():
-            _write_new_rows(source, k_out_ref, v_out_ref, L, g, slot0, k_ref.dtype)
+            _write_new_rows(rope, k_out_ref, v_out_ref, L, g, slot0, k_ref.dtype)
 
     def attend():
         if L.fused:
-            q_Md = _rope_rows(source, src_M, t_M, valid_M, L.d).astype(k_ref.dtype)
+            q_Md = _rope_rows(src_ref, cos_ref, sin_ref, src_M, t_M, valid_M, L.d).astype(k_ref.dtype)
         else:
             q_Md = plgpu.load(_at_rows(src_ref, src_M), mask=_rows2d(valid_M, L.d), other=0.0)
         M = q_Md.shape[0]
@@ -376,15 +337,14 @@ def _combine_kernel(pos_ref, o_ref, m_ref, l_ref, out_ref, *, L: _Layout):
 
 # ------------------------------------------------------------------------------------- builder
 def _build(B: int, L: _Layout, cfg: TuningConfig, interpret: bool):
-    """Builder (not a kernel): ``fn(src, pos, [cos, sin, [x,]] k, v) -> o [B, T*H, d]`` float32, plus the
+    """Builder (not a kernel): ``fn(src, pos, [cos, sin,] k, v) -> o [B, T*H, d]`` float32, plus the
     updated caches in fused mode."""
     n_splits = L.n_splits
     tiles = packed_rows(L.R, L.block_m) // L.block_m
     params = plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     per_b = lambda *shape: pl.BlockSpec((None, *shape), lambda b, g, i, j: (b,) + (0,) * len(shape))
     cache_spec = pl.BlockSpec((None, L.S, None, L.d), lambda b, g, i, j: (b, 0, g, 0))
-    in_specs = ([per_b(L.T * L.N, L.d), per_b(L.T)] + ([per_b(L.T, L.d)] * 2 if L.fused else [])
-                + ([per_b(L.T, L.D)] if L.D else []) + [cache_spec] * 2)
+    in_specs = [per_b(L.T * L.N, L.d), per_b(L.T)] + ([per_b(L.T, L.d)] * 2 if L.fused else []) + [cache_spec] * 2
     o_shape = jax.ShapeDtypeStruct((B, L.T * L.H, L.d), jnp.float32)
     if n_splits == 1:
         out_shape, out_specs = [o_shape], [per_b(L.T * L.H, L.d)]
@@ -397,8 +357,8 @@ def _build(B: int, L: _Layout, cfg: TuningConfig, interpret: bool):
                      pl.BlockSpec((None, None, None, L.block_m), lambda b, g, i, j: (b, g, j, i)),
                      pl.BlockSpec((None, None, None, L.block_m), lambda b, g, i, j: (b, g, j, i))]
     aliases = {}
-    if L.fused:  # the caches: written in place (the last two inputs -> the last two outputs)
-        aliases = {len(in_specs) - 2: len(out_shape), len(in_specs) - 1: len(out_shape) + 1}
+    if L.fused:  # the caches: written in place (inputs 4, 5 -> the last two outputs)
+        aliases = {4: len(out_shape), 5: len(out_shape) + 1}
         out_specs = out_specs + [cache_spec] * 2
     split = functools.partial(
         pl.pallas_call, functools.partial(_split_kernel, L=L), grid=(B, L.G, tiles, n_splits),
@@ -443,12 +403,12 @@ def _check(q_shape, k, v, q_dtype):
         raise ValueError(f"head dim must be 64, 128 or 256, got {d}")
 
 
-def _layout(B, T, H, G, N, S, d, config, scale, fused, D=0, eps=0.0):
+def _layout(B, T, H, G, N, S, d, config, scale, fused):
     cfg = config or default_config(B, G, H // G, d)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     n_splits, split_len = split_geometry(S, cfg)
     L = _Layout(T=T, H=H, G=G, N=N, S=S, d=d, block_m=cfg.block_m, block_k=cfg.block_k, split_len=split_len,
-                n_splits=n_splits, scale_log2=scale * _LOG2E, fused=fused, D=D, eps=eps)
+                n_splits=n_splits, scale_log2=scale * _LOG2E, fused=fused)
     return L, cfg
 
 
@@ -468,9 +428,9 @@ def decode_attention(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, *, scale: float | None = 
     return o.reshape(B, T, H, d)
 
 
-@functools.partial(jax.jit, static_argnames=("n_heads", "eps", "scale", "config", "interpret"))
-def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, x_BTD=None, *, n_heads: int,
-                         eps: float = 1e-5, scale: float | None = None, config: TuningConfig | None = None,
+@functools.partial(jax.jit, static_argnames=("n_heads", "scale", "config", "interpret"))
+def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *, n_heads: int,
+                         scale: float | None = None, config: TuningConfig | None = None,
                          interpret: bool = False):
     """Jitted entry, one launch (two with several splits) for a decoder layer's attention over T <= 16
     new tokens per sequence: ``qkv_BTNd`` [B, T, H + 2G, d] is the q|k|v projection before RoPE
@@ -479,41 +439,29 @@ def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, x_
     slots ``start_B[b] + t`` of the caches (in place when XLA can donate them) and attends causally.
     Returns ``(o float32 [B, T, H, d], k_BSGd, v_BSGd)``: the same values as RoPE, ``cache.write``
     and ``decode_attention`` in sequence (``rope_attention_write_reference``), and a query's output
-    has the same bits as from ``decode_attention`` given the same roped, rounded q and caches.
-
-    ``x_BTD`` (optional, float32 [B, T, D]): the layer input whose RMSNorm feeds the projection, its
-    weight applied there but not its 1/rms (``specjax.model.attention_block``). The kernel then computes
-    each token's 1/rms = rsqrt(mean(x^2) + eps) itself and scales the token's q|k|v rows by it before
-    RoPE: no separate reduction kernel for the norm."""
+    has the same bits as from ``decode_attention`` given the same roped, rounded q and caches."""
     (B, T, N, d), (S, G) = qkv_BTNd.shape, k_BSGd.shape[1:3]
     H = n_heads
     if N != H + 2 * G or cos_BTd.shape != (B, T, d) or sin_BTd.shape != (B, T, d) or start_B.shape != (B,):
         raise ValueError(f"expected qkv [B,T,H+2G,d] with H={H}, G={G}, cos = sin [B,T,d] = {(B, T, d)}, "
                          f"start [B]; got qkv {qkv_BTNd.shape}, cos {cos_BTd.shape}, sin {sin_BTd.shape}, "
                          f"start {start_B.shape}")
-    if x_BTD is not None and (x_BTD.ndim != 3 or x_BTD.shape[:2] != (B, T)):
-        raise ValueError(f"x must be [B, T, D] with (B, T) = {(B, T)}, got {x_BTD.shape}")
     _check((B, T, H, d), k_BSGd, v_BSGd, k_BSGd.dtype)
-    D = 0 if x_BTD is None else x_BTD.shape[2]
-    L, cfg = _layout(B, T, H, G, N, S, d, config, scale, fused=True, D=D, eps=eps)
+    L, cfg = _layout(B, T, H, G, N, S, d, config, scale, fused=True)
     q_pos_BT = start_B.astype(jnp.int32)[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
-    norm = [] if x_BTD is None else [x_BTD.astype(jnp.float32)]
     o, k_BSGd, v_BSGd = _build(B, L, cfg, interpret)(
         qkv_BTNd.astype(jnp.float32).reshape(B, T * N, d), q_pos_BT, cos_BTd.astype(jnp.float32),
-        sin_BTd.astype(jnp.float32), *norm, k_BSGd, v_BSGd)
+        sin_BTd.astype(jnp.float32), k_BSGd, v_BSGd)
     return o.reshape(B, T, H, d), k_BSGd, v_BSGd
 
 
-def rope_attention_write_reference(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, x_BTD=None, *,
-                                   n_heads: int, eps: float = 1e-5, scale: float | None = None):
-    """Pure jnp (not a kernel): the 1/rms scaling (with ``x_BTD``), RoPE, cache writes, then
-    ``decode_attention_reference`` with cache-dtype operands (what the model's XLA path computes)."""
+def rope_attention_write_reference(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *, n_heads: int,
+                                   scale: float | None = None):
+    """Pure jnp (not a kernel): RoPE, cache writes, then ``decode_attention_reference`` with
+    cache-dtype operands (what the model's XLA path computes)."""
     H, d = n_heads, qkv_BTNd.shape[-1]
     G = (qkv_BTNd.shape[2] - H) // 2
     x = qkv_BTNd.astype(jnp.float32)
-    if x_BTD is not None:
-        x32 = x_BTD.astype(jnp.float32)
-        x = x * lax.rsqrt(jnp.mean(x32 * x32, axis=-1) + eps)[:, :, None, None]
     rope = lambda a: a * cos_BTd[:, :, None] + jnp.concatenate([-a[..., d // 2:], a[..., :d // 2]], -1) * sin_BTd[:, :, None]
     q, k, v = rope(x[:, :, :H]), rope(x[:, :, H:H + G]), x[:, :, H + G:]
     T = q.shape[1]

@@ -30,7 +30,6 @@ from pallas_kernels.flash_attention import key_end
 from pallas_kernels.flash_attention_vjp import flash_attention
 
 MIN_QUERIES = 2  # FA3 (prefill): at least two queries
-NORM_IN_KERNEL_MAX = 16384  # largest B * T * D for which the decode kernel computes the RMSNorm 1/rms
 
 
 def _common(q_BTHd, k_BSGd, v_BSGd) -> bool:
@@ -75,20 +74,13 @@ def attend(q_BTHd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array,
 
 
 def rope_attend_write(qkv_BTNd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array, cos_BTd: jax.Array,
-                      sin_BTd: jax.Array, start_B: jax.Array, n_heads: int, norm_x_BTD: jax.Array | None = None,
-                      eps: float = 1e-5):
+                      sin_BTd: jax.Array, start_B: jax.Array, n_heads: int):
     """A decoder layer's attention over T <= 16 new tokens in one kernel: ``(o, k_BSGd, v_BSGd)`` from
     ``rope_attention_write`` (q|k|v before RoPE, [B, T, H + 2G, d] float32), or None where the decode
-    kernel does not apply (then RoPE, ``cache.write`` and ``attend`` run as separate steps). With
-    ``norm_x_BTD`` the kernel also scales the rows by RMSNorm's 1/rms of x; it does so only while
-    B * T * D <= ``NORM_IN_KERNEL_MAX`` (every program reads the T rows of x: cheap for a few rows,
-    not for 8B at B = 8), else None."""
+    kernel does not apply (then RoPE, ``cache.write`` and ``attend`` run as separate steps)."""
     B, T, N, d = qkv_BTNd.shape
     q_shape = jax.ShapeDtypeStruct((B, T, n_heads, d), k_BSGd.dtype)
     if not (applies_decode(q_shape, k_BSGd, v_BSGd) and decode_kernel_enabled()
             and N == n_heads + 2 * k_BSGd.shape[2]):
         return None
-    if norm_x_BTD is not None and norm_x_BTD.size > NORM_IN_KERNEL_MAX:
-        return None
-    return rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, norm_x_BTD,
-                                n_heads=n_heads, eps=eps)
+    return rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads=n_heads)

@@ -155,11 +155,10 @@ def _qkv_kernel(*refs, M, T, I, H, G, d, bn, bk, eps, bias):
     h, j = pl.program_id(0), pl.program_id(1)
     c0 = j * bn                                            # column of the first half inside the head
     lo, hi = h * d + c0, h * d + d // 2 + c0
-    accs = _row_products(x_ref, g_ref, w_ref, (lo, hi), M=M, I=I, bn=bn, bk=bk, eps=eps, post=True)
+    accs = _row_products(x_ref, g_ref, w_ref, (lo, hi), M=M, I=I, bn=bn, bk=bk, eps=eps)
     S = k_ref.shape[1]
     for m in range(M):
-        inv = _inv_rms(x_ref, m, I, bk, eps)
-        a1, a2 = accs[m][0] * inv, accs[m][1] * inv
+        a1, a2 = accs[m]
         if b_ref is not None:
             a1 = a1 + b_ref[pl.ds(lo, bn)].astype(jnp.float32)
             a2 = a2 + b_ref[pl.ds(hi, bn)].astype(jnp.float32)
@@ -244,8 +243,7 @@ def norm_swiglu(x_MI, g_I, w_2FI, *, eps: float, config: TuningConfig | None = N
 @functools.partial(jax.jit, static_argnames=("n_heads", "eps", "config", "interpret"))
 def norm_qkv_rope(x_MI, g_I, w_NI, b_N, cos_Md, sin_Md, pos_M, k_BSGd, v_BSGd, *, n_heads: int, eps: float,
                   config: TuningConfig | None = None, interpret: bool = False):
-    """q/k/v projection of ``rms_norm(x, g)`` (+ ``b_N`` unless None) with RoPE on q and k. As in
-    ``model.attention_block``, the matmul operand is x * g and the 1/rms scales the products (before the bias).
+    """q/k/v projection of ``rms_norm(x, g)`` (+ ``b_N`` unless None) with RoPE on q and k.
 
     ``cos_Md`` / ``sin_Md`` are HF rotate-half tables (``layers.rope_tables``: both halves equal; the
     kernel reads the first half only).
@@ -309,7 +307,7 @@ def norm_qkv_rope_reference(x_MI, g_I, w_NI, b_N, cos_Md, sin_Md, pos_M, k_BSGd,
                             eps: float):
     B, S, G, d = k_BSGd.shape
     M, H = x_MI.shape[0], n_heads
-    qkv = _lin(g_I * x_MI.astype(jnp.float32), w_NI) * _inv_rms_reference(x_MI, eps)
+    qkv = _lin(_norm(x_MI, g_I, eps), w_NI)
     if b_N is not None:
         qkv = qkv + b_N
     q, k, v = (a.reshape(M, -1, d) for a in jnp.split(qkv, [H * d, (H + G) * d], axis=-1))

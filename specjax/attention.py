@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from specjax import cache as kv
 from specjax.config import check_compute_dtype
-from specjax.layers import apply_rope, inv_rms
+from specjax.layers import apply_rope
 
 
 def attention_reference(q_BTHd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array,
@@ -83,25 +83,16 @@ def attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, compute_dtype: str = "param"):
 
 
 def attend_new_tokens(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads: int,
-                      compute_dtype: str = "param", norm_x_BTD: jax.Array | None = None, eps: float = 1e-5):
+                      compute_dtype: str = "param"):
     """A decoder layer's attention over T new tokens per sequence (positions ``start_B[b] + t``):
     RoPE on q and k, k and v written into the caches at ``start_B``, causal attention.
 
-    ``qkv_BTNd`` is the q|k|v projection [B, T, H + 2G, d] (float32, before RoPE); with ``norm_x_BTD``
-    it is the projection of ``norm weight * x`` and its rows are first scaled by RMSNorm's 1/rms of x
-    (``eps``; ``model.attention_block``). Returns ``(o float32 [B, T, H, d], k_BSGd, v_BSGd)``. On Hopper
-    with T <= 16 (decode, verify) and ``compute_dtype="param"`` the steps run as one kernel
-    (``pallas_kernels.dispatch.rope_attend_write``; the 1/rms inside it for a few rows, else by XLA
-    first); the code below is their definition and runs everywhere else."""
-    dispatch = _dispatch() if compute_dtype == "param" else None
-    if dispatch is not None and norm_x_BTD is not None:
-        out = dispatch.rope_attend_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads,
-                                         norm_x_BTD, eps)
-        if out is not None:
-            return out
-    if norm_x_BTD is not None:
-        qkv_BTNd = qkv_BTNd * inv_rms(norm_x_BTD, eps)[..., None]
-    if dispatch is not None:
+    ``qkv_BTNd`` is the q|k|v projection [B, T, H + 2G, d] (float32, before RoPE); returns
+    ``(o float32 [B, T, H, d], k_BSGd, v_BSGd)``. On Hopper with T <= 16 (decode, verify) and
+    ``compute_dtype="param"`` the three steps run as one kernel (``pallas_kernels.dispatch
+    .rope_attend_write``); the code below is their definition and runs everywhere else."""
+    dispatch = _dispatch()
+    if dispatch is not None and compute_dtype == "param":
         out = dispatch.rope_attend_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads)
         if out is not None:
             return out

@@ -79,16 +79,9 @@ def linear(x_BTI: jax.Array, w_OI: jax.Array, compute_dtype: str = "param") -> j
 def swiglu(x_BTD: jax.Array, w_gate_up_2FD: jax.Array, w_down_DF: jax.Array, compute_dtype: str = "param",
            scale_BT1: jax.Array | float = 1.0) -> jax.Array:
     """down(silu(gate(x) * scale) * up(x) * scale); ``scale`` lets a caller apply a norm's 1/rms after
-    the gate/up matmul (``norm_swiglu``).
-
-    The SiLU is taken elementwise over the whole gate|up product (``where`` on the column) before the
-    halves meet: an elementwise epilogue, which XLA can fuse into the gate/up kernel, leaving only the
-    product of the halves (cheap) for the down kernel's prologue."""
-    gu = linear(x_BTD, w_gate_up_2FD, compute_dtype) * scale_BT1
-    F = w_down_DF.shape[-1]
-    is_gate = jax.lax.broadcasted_iota(jnp.int32, gu.shape, gu.ndim - 1) < F
-    gu = jnp.where(is_gate, jax.nn.silu(gu), gu)
-    return linear(gu[..., :F] * gu[..., F:], w_down_DF, compute_dtype)
+    the gate/up matmul (``norm_swiglu``)."""
+    gate, up = jnp.split(linear(x_BTD, w_gate_up_2FD, compute_dtype), 2, axis=-1)
+    return linear(jax.nn.silu(gate * scale_BT1) * (up * scale_BT1), w_down_DF, compute_dtype)
 
 
 def norm_swiglu(x_BTD: jax.Array, w_norm_D: jax.Array, eps: float, w_gate_up_2FD: jax.Array, w_down_DF: jax.Array,

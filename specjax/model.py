@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from specjax import attention, fused
 from specjax import cache as kv
 from specjax.config import ModelConfig
-from specjax.layers import inv_rms, linear, norm_swiglu, rms_norm, rope_tables
+from specjax.layers import linear, norm_swiglu, rms_norm, rope_tables
 
 
 def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32, scale: float = 0.02) -> dict:
@@ -62,28 +62,22 @@ def lm_head(params: dict, cfg: ModelConfig, h_BTD: jax.Array) -> jax.Array:
 
 
 def attention_block(lp: dict, cfg: ModelConfig, x_BTD, cos, sin, k_BSGd, v_BSGd, start_B):
-    """One attention sub-layer, its RMSNorm included; writes this step's K/V into the cache at ``start_B``.
-
-    As in ``layers.norm_swiglu``, the norm's weight goes into the q|k|v matmul's operand and its 1/rms
-    onto the products (the same value: the matmul is linear). ``attend_new_tokens`` applies the 1/rms, on
-    Hopper inside the decode kernel, which computes it from x: the norm then has no reduction kernel of
-    its own. A bias (Qwen2) is added after the 1/rms, so there XLA applies both first."""
+    """One attention sub-layer; writes this step's K/V into the cache at ``start_B``."""
     B, T, _ = x_BTD.shape
     H, G, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    qkv = linear(lp["attn_norm"] * x_BTD, lp["wqkv"], cfg.compute_dtype)
-    norm_x_BTD = x_BTD
+    qkv = linear(x_BTD, lp["wqkv"], cfg.compute_dtype)
     if "bqkv" in lp:
-        qkv, norm_x_BTD = qkv * inv_rms(x_BTD, cfg.norm_eps) + lp["bqkv"], None
+        qkv = qkv + lp["bqkv"]
     o_BTHd, k_BSGd, v_BSGd = attention.attend_new_tokens(qkv.reshape(B, T, H + 2 * G, d), k_BSGd, v_BSGd,
-                                                         cos, sin, start_B, H, cfg.compute_dtype,
-                                                         norm_x_BTD, cfg.norm_eps)
+                                                         cos, sin, start_B, H, cfg.compute_dtype)
     return linear(o_BTHd.reshape(B, T, H * d), lp["wo"], cfg.compute_dtype), k_BSGd, v_BSGd
 
 
 def decoder_layer(lp, cfg, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B):
     """One decoder layer. ``q_pos_BT`` (= start_B + t) is unused here; the signature is the one
     ``fused.decoder_layer`` shares, which takes the K/V slots from it."""
-    a, k_BSGd, v_BSGd = attention_block(lp, cfg, x_BTD, cos, sin, k_BSGd, v_BSGd, start_B)
+    a, k_BSGd, v_BSGd = attention_block(lp, cfg, rms_norm(x_BTD, lp["attn_norm"], cfg.norm_eps),
+                                        cos, sin, k_BSGd, v_BSGd, start_B)
     x_BTD = x_BTD + a
     x_BTD = x_BTD + norm_swiglu(x_BTD, lp["mlp_norm"], cfg.norm_eps, lp["w_gate_up"], lp["w_down"],
                                 cfg.compute_dtype)

@@ -107,37 +107,27 @@ def test_interpreter_row_that_sees_nothing_is_zero():
 
 
 # ------------------------------------------- CPU: the fused entry (RoPE + cache writes + attention)
-def _fused_inputs(seed, B, T, H, G, d, S, dtype, starts, D=0):
-    """(qkv, k, v, cos, sin, start) and, with D, a layer input x [B, T, D] for the in-kernel RMSNorm
-    scaling (its rows of different magnitudes, so each token gets its own 1/rms)."""
-    kq, kk, kv, kx = jax.random.split(jax.random.key(seed), 4)
+def _fused_inputs(seed, B, T, H, G, d, S, dtype, starts):
+    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
     qkv = jax.random.normal(kq, (B, T, H + 2 * G, d), jnp.float32)
     k, v = (jax.random.normal(x, (B, S, G, d), jnp.dtype(dtype)) for x in (kk, kv))
     start = jnp.asarray(starts, jnp.int32)
     inv = 1.0 / 10000.0 ** (np.arange(0, d, 2) / d)
     ang = (np.asarray(starts)[:, None] + np.arange(T))[..., None] * inv
     ang = np.concatenate([ang, ang], -1).astype(np.float32)
-    args = (qkv, k, v, jnp.cos(ang), jnp.sin(ang), start)
-    if D:
-        scale = 1.0 + jnp.arange(B * T, dtype=jnp.float32).reshape(B, T, 1)
-        args += (scale * jax.random.normal(kx, (B, T, D), jnp.float32),)
-    return args
+    return qkv, k, v, jnp.cos(ang), jnp.sin(ang), start
 
 
 def _check_fused(args, H, cfg, interpret=True, tol=1e-2):
     o, k, v = rope_attention_write(*args, n_heads=H, config=cfg, interpret=interpret)
     ref_o, ref_k, ref_v = rope_attention_write_reference(*args, n_heads=H)
-    new = np.zeros(k.shape[:2], bool)
-    for b, s0 in enumerate(np.asarray(args[5])):
+    k, ref_k = np.asarray(k, np.float32), np.asarray(ref_k, np.float32)
+    np.testing.assert_array_equal(np.asarray(v), np.asarray(ref_v))   # v: copied, every slot bit for bit
+    new = np.zeros(k.shape[:2], bool)                                 # k: RoPE may round by one ulp
+    for b, s0 in enumerate(np.asarray(args[-1])):
         new[b, s0:s0 + args[0].shape[1]] = True
-    eps = float(jnp.finfo(args[1].dtype).eps)
-    for got, ref, name in ((k, ref_k, "k"), (v, ref_v, "v")):
-        got, ref = np.asarray(got, np.float32), np.asarray(ref, np.float32)
-        np.testing.assert_array_equal(got[~new], ref[~new], err_msg=name)   # other slots untouched
-        if name == "v" and len(args) == 6:        # v: copied, bit for bit; k: RoPE may round by one ulp
-            np.testing.assert_array_equal(got[new], ref[new], err_msg=name)
-        else:                                     # (and so may the 1/rms scaling, with x)
-            np.testing.assert_allclose(got[new], ref[new], rtol=eps, atol=1e-6, err_msg=name)
+    np.testing.assert_array_equal(k[~new], ref_k[~new])               # other slots untouched
+    np.testing.assert_allclose(k[new], ref_k[new], rtol=float(jnp.finfo(args[1].dtype).eps), atol=1e-6)
     o, ref_o = np.asarray(o), np.asarray(ref_o)
     assert o.shape == ref_o.shape and np.isfinite(o).all()
     rel = np.linalg.norm(o - ref_o) / np.linalg.norm(ref_o)
@@ -159,24 +149,12 @@ def test_interpreter_fused_matches_reference(T, R, d, dtype, name):
     _check_fused(args, G * R, CONFIGS[name])
 
 
-@pytest.mark.parametrize("T,R,D", [(1, 3, 576), (5, 3, 72), (16, 1, 300)])
 @pytest.mark.parametrize("name", CONFIGS)
-def test_interpreter_fused_norm_matches_reference(T, R, D, name):
-    """With the layer input x the kernel scales each token's q|k|v rows by RMSNorm's 1/rms (D not a
-    multiple of the kernel's 256-wide chunks; tokens of different magnitudes)."""
-    B, G, d, S = 3, 2, 64, 130
-    args = _fused_inputs(T + D, B, T, G * R, G, d, S, "bfloat16", [0, 61, S - T], D=D)
-    _check_fused(args, G * R, CONFIGS[name])
-
-
-@pytest.mark.parametrize("D", [0, 72])
-@pytest.mark.parametrize("name", CONFIGS)
-def test_interpreter_fused_t1_equals_verify_row_bitwise(name, D):
+def test_interpreter_fused_t1_equals_verify_row_bitwise(name):
     """Decode steps (T = 1, each on the cache the previous ones wrote) give bitwise the rows of one
-    T = 9 call, whose new keys straddle a 64-key block (and split) boundary; also with the in-kernel
-    RMSNorm scaling (D > 0)."""
+    T = 9 call, whose new keys straddle a 64-key block (and split) boundary."""
     B, T, H, G, d, S = 2, 9, 6, 2, 64, 150
-    args = _fused_inputs(4, B, T, H, G, d, S, "bfloat16", [58, 120], D=D)
+    args = _fused_inputs(4, B, T, H, G, d, S, "bfloat16", [58, 120])
     _assert_fused_steps_equal_verify(args, lambda *a: rope_attention_write(*a, n_heads=H, config=CONFIGS[name],
                                                                            interpret=True))
 
@@ -184,11 +162,10 @@ def test_interpreter_fused_t1_equals_verify_row_bitwise(name, D):
 def _assert_fused_steps_equal_verify(args, run):
     """T decode steps (T = 1, each on the caches the previous one wrote) vs one call over the T
     tokens: every output row and the final caches bit for bit."""
-    qkv, k, v, cos, sin, start, *x = args
-    o_full, k_full, v_full = run(*args)
+    qkv, k, v, cos, sin, start = args
+    o_full, k_full, v_full = run(qkv, k, v, cos, sin, start)
     for t in range(qkv.shape[1]):
-        o_t, k, v = run(qkv[:, t:t + 1], k, v, cos[:, t:t + 1], sin[:, t:t + 1], start + t,
-                        *[a[:, t:t + 1] for a in x])
+        o_t, k, v = run(qkv[:, t:t + 1], k, v, cos[:, t:t + 1], sin[:, t:t + 1], start + t)
         np.testing.assert_array_equal(np.asarray(o_t[:, 0]), np.asarray(o_full[:, t]), err_msg=f"row {t}")
     np.testing.assert_array_equal(np.asarray(k), np.asarray(k_full))
     np.testing.assert_array_equal(np.asarray(v), np.asarray(v_full))
@@ -260,21 +237,18 @@ def test_lowers_for_cuda(shape, name):
 @pytest.mark.parametrize("shape", [(1, 1, 9, 3, 64, 512), (8, 9, 32, 8, 128, 2048), (2, 16, 8, 1, 128, 300),
                                    (1, 5, 6, 2, 256, 300)])
 @pytest.mark.parametrize("name", CONFIGS)
-@pytest.mark.parametrize("norm", [False, True])
-def test_fused_lowers_for_cuda(shape, name, norm):
-    """The fused entry lowers to Triton IR for an H200, its caches aliased to outputs (in place); with
-    ``norm`` it also takes the layer input x [B, T, H * d] for the RMSNorm scaling."""
+def test_fused_lowers_for_cuda(shape, name):
+    """The fused entry lowers to Triton IR for an H200, its caches aliased to outputs (in place)."""
     B, T, H, G, d, S = shape
     qkv = jax.ShapeDtypeStruct((B, T, H + 2 * G, d), jnp.float32)
     kv = jax.ShapeDtypeStruct((B, S, G, d), jnp.bfloat16)
     cs, start = jax.ShapeDtypeStruct((B, T, d), jnp.float32), jax.ShapeDtypeStruct((B,), jnp.int32)
-    x = [jax.ShapeDtypeStruct((B, T, H * d), jnp.float32)] if norm else []
     h200 = mesh_lib.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
     f = lambda *a: rope_attention_write(*a, n_heads=H, config=CONFIGS[name])
     with warnings.catch_warnings(), jax.sharding.use_abstract_mesh(
             mesh_lib.AbstractMesh((1,), ("x",), abstract_device=h200)):
         warnings.simplefilter("ignore", DeprecationWarning)
-        text = jax.jit(f).trace(qkv, kv, kv, cs, cs, start, *x).lower(lowering_platforms=("cuda",)).as_text()
+        text = jax.jit(f).trace(qkv, kv, kv, cs, cs, start).lower(lowering_platforms=("cuda",)).as_text()
     n_splits = split_geometry(S, CONFIGS[name] or default_config(B, G, H // G, d))[0]
     assert text.count("xla.gpu.triton") == (1 if n_splits == 1 else 2)
     assert "output_operand_aliases" in text
@@ -323,17 +297,6 @@ def test_model_attention_routes_to_fused_kernel(monkeypatch):
     one = text(1)
     assert "rope_attention_write" in one and "dynamic_update_slice" not in one
     assert "rope_attention_write" not in text(17) and "rope_attention_write" not in text(1, "float32")
-
-    def norm_text(B):  # q|k|v of norm weight * x: the kernel takes x for the 1/rms while B * T * D is small
-        f = lambda qkv, k, v, c, s, st, x: attention.attend_new_tokens(qkv, k, v, c, s, st, 6, "param", x, 1e-5)
-        sds = jax.ShapeDtypeStruct
-        cache = sds((B, 64, 2, 64), jnp.bfloat16)
-        return str(jax.make_jaxpr(f)(sds((B, 1, 10, 64), jnp.float32), cache, cache, sds((B, 1, 64), jnp.float32),
-                                     sds((B, 1, 64), jnp.float32), sds((B,), jnp.int32), sds((B, 1, 384), jnp.float32)))
-    small, large = norm_text(2), norm_text(dispatch.NORM_IN_KERNEL_MAX // 384 + 1)
-    x_ref = "Ref<default>{f32[1,384]}"                                          # the kernel's view of x
-    assert "rope_attention_write" in small and x_ref in small                  # 1/rms inside the kernel
-    assert "rope_attention_write" in large and x_ref not in large              # 1/rms by XLA, then the kernel
 
 
 # ---------------------------------------------------------------- GPU
@@ -423,20 +386,6 @@ def test_gpu_fused_matches_reference(dtype, shape, name):
         rows = packed_rows(H // G, cfg.block_m)
         _poison((B, T, H, d), (B, G, rows, d), (B, G, split_geometry(S, cfg)[0], rows, d))
         _check_fused(args, H, cfg, interpret=False, tol=1e-2 if dtype == "bfloat16" else 2e-3)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("shape", ["smollm2", "llama3-8b"])
-def test_gpu_fused_norm_matches_reference_and_verify_bitwise(shape):
-    """The in-kernel RMSNorm scaling (x of the model's width H * d) on the GPU: against the reference,
-    and decode steps against one T = 9 call, bit for bit."""
-    H, G, d = GPU_SHAPES[shape]
-    for B, T, S in ((3, 1, 300), (1, 8, 2048)):
-        args = _fused_inputs(T + S, B, T, H, G, d, S, "bfloat16", np.linspace(0, S - T, B).astype(int).tolist(),
-                             D=H * d)
-        _check_fused(args, H, default_config(B, G, H // G, d), interpret=False)
-    args = _fused_inputs(7, 2, 9, H, G, d, 1024, "bfloat16", [58, 1015], D=H * d)
-    _assert_fused_steps_equal_verify(args, lambda *a: rope_attention_write(*a, n_heads=H))
 
 
 @pytest.mark.gpu
