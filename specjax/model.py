@@ -22,7 +22,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-from specjax import attention, fused, layer_kernel
+from specjax import attention, fused
 from specjax import cache as kv
 from specjax.config import ModelConfig
 from specjax.layers import linear, norm_swiglu, rms_norm, rope_tables
@@ -96,9 +96,7 @@ def forward(params: dict, cfg: ModelConfig, tokens_BT: jax.Array, cache: kv.KVCa
       cache   with the new K/V written and lengths advanced by T (callers roll back as needed).
     ``cache=None`` runs a plain causal forward over the T tokens (training / scoring).
     ``num_layers`` runs only the first N layers (self-speculative early exit), then norm + head.
-    With ``SPECJAX_FUSED=1`` on a GPU, cached forwards of B * T <= 16 rows run through ``fused.py``;
-    otherwise a cached forward of one token (B * T = 1) on Hopper runs each layer as one kernel
-    (``layer_kernel.py``; ``SPECJAX_LAYER_KERNEL=0`` turns that off).
+    With ``SPECJAX_FUSED=1`` on a GPU, cached forwards of B * T <= 16 rows run through ``fused.py``.
     """
     B, T = tokens_BT.shape
     L = cfg.n_layers if num_layers is None else num_layers
@@ -117,18 +115,11 @@ def forward(params: dict, cfg: ModelConfig, tokens_BT: jax.Array, cache: kv.KVCa
     path = fused.mode(cfg, B * T, params["embed"].dtype) if cached else None  # decode / verify fast path
     layer = decoder_layer if path is None else functools.partial(fused.decoder_layer,
                                                                  interpret=path == "interpret")
-    one_kernel = (cached and path is None
-                  and layer_kernel.applies(params["layers"][0], cfg, x_BTD, cache.k[0], cache.v[0]))
-    flags = layer_kernel.counters() if one_kernel else None
     tapped = {}
     new_k, new_v = list(cache.k), list(cache.v)
     for i in range(L):
         if i in taps:
             tapped[i] = x_BTD
-        if one_kernel:  # B * T = 1 on Hopper: the whole layer in one launch
-            x_BTD, new_k[i], new_v[i], flags = layer_kernel.layer(params["layers"][i], cfg, x_BTD, cos, sin,
-                                                                start_B, cache.k[i], cache.v[i], flags)
-            continue
         x_BTD, new_k[i], new_v[i] = layer(params["layers"][i], cfg, x_BTD, cos, sin, q_pos_BT,
                                           cache.k[i], cache.v[i], start_B)
     if L < cfg.n_layers and L in taps:  # early exit: the input of layer L (= output of the last layer run)
