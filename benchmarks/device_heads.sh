@@ -3,7 +3,8 @@
 # lent GPU machine; each step is one `run` call, the next issued within the 30 s the machine stays warm).
 # The GGUF travels in five parts (benchmarks/device_lib.sh: stage_part, join_gguf).
 #   1. stage NN (carry .carry/pNN), NN = 00..03: copy that part outside the repo (/root/stage)
-#   2. train1 (carry .carry/p04 .carry/b .whl): join and check the GGUF, corpus + EAGLE-3  (logs to $OUT)
+#   2. train1 (carry .carry/p04 .carry/b .whl): join and check the GGUF, corpus + EAGLE-3  (logs to $OUT;
+#      BUNDLE=1 also bundles the artifacts, for a stage that finishes in this call, e.g. ONLY=draft)
 #   3. train2 (carry .whl): the rest of the stages named in ONLY; bundle the artifacts to $OUT
 #   4. bench (carry .carry/b .whl): bench_speculative with the trained artifacts, all prompts
 # Afterwards, locally: `cat shipped.tar.part* | tar x -C specjax/shipped/smollm2-135m-instruct/`.
@@ -25,7 +26,7 @@ case "$1" in
   train1)
     install_whl; stage_gguf
     timeout "${2:-585}" python3 -m training.train_smollm2 --preset h100 --out /root/train --only $ONLY --time-budget 540 \
-      2>&1 | tr '\r' '\n' | grep -v "it/s]$" | tee $OUT/train1.log | tail -40 ;;
+      ${BUNDLE:+--bundle $OUT} 2>&1 | tr '\r' '\n' | grep -v "it/s]$" | tee $OUT/train1.log | tail -40 ;;
   train2)
     install_whl
     timeout "${2:-585}" python3 -m training.train_smollm2 --preset h100 --out /root/train --time-budget 540 \
