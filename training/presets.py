@@ -40,7 +40,7 @@ PRESETS = {
     # (a stage cut by its cap resumes from its checkpoint).
     "h100": Preset(
         target="smollm2", dtype="bfloat16",
-        corpus=CorpusSpec(n_chat=16384, n_code=4096, n_templated=24576, n_code_raw=4096, temperatures=(0.0, 0.7),
+        corpus=CorpusSpec(n_chat=8192, n_code=4096, n_templated=12288, n_code_raw=4096, temperatures=(0.0, 0.7),
                           max_new_tokens=256, max_prompt_tokens=256, seq_len=512, gen_batch=1024),
         eagle3=_tc(6500, 32, 8e-4, 200, "bfloat16"),
         medusa=_tc(2000, 32, 1e-3, 80, "bfloat16", max_seconds=150),
