@@ -8,13 +8,8 @@
 # unless SKIP_PROFILE, the
 # timeline profile. Everything goes to $OUT/ab_log.txt.
 set -uo pipefail
-export PYTHONPATH=.:benchmarks:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
-OUT=${OUT:-/tmp/ab_out}
-mkdir -p "$OUT"
-export STEP_LOG=$OUT/ab_log.txt
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$STEP_LOG"
-source benchmarks/device_lib.sh  # step, install_whl
-install_whl
+source benchmarks/device_lib.sh  # probe_setup, step
+probe_setup /tmp/ab_out ab_log.txt
 ROOT=$PWD
 declare -A DIRS=([new]=$ROOT)
 LABELS=(new)

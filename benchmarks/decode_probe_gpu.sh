@@ -7,13 +7,8 @@
 #   4. the probe's "default" variant again under each XLA_FLAGS value in XLA_VARIANTS ("|"-separated)
 # All logs go to one file, $OUT/decode_probe_log.txt (step NAME ... with STEP_LOG).
 set -uo pipefail
-export PYTHONPATH=.:benchmarks:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
-OUT=${OUT:-/tmp/decode_probe_out}
-mkdir -p "$OUT"
-export STEP_LOG=$OUT/decode_probe_log.txt
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$STEP_LOG"
-source benchmarks/device_lib.sh  # step, install_whl
-install_whl
+source benchmarks/device_lib.sh  # probe_setup, step
+probe_setup /tmp/decode_probe_out decode_probe_log.txt
 [ -n "${TESTS_K-all}" ] && step gpu_tests "${TESTS_S:-170}" 12 python3 -m pytest -m gpu tests/test_decode_attention.py -q -rfEs \
   -p no:cacheprovider ${TESTS_K:+-k "$TESTS_K"} --tb=short
 step variants "${VARIANTS_S:-260}" 14 python3 benchmarks/decode_variants_probe.py ${VARIANTS:-default} \

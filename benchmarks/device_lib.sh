@@ -1,11 +1,23 @@
 # Sourced (from the repo root) by the device-call scripts: decode_kernel_gpu.sh, fused_gpu.sh,
-# device_heads.sh, device_identity.sh. The two helpers they share.
+# device_heads.sh, device_identity.sh, decode_probe_gpu.sh, ab_probe_gpu.sh. The helpers they share.
 
 # The carried pure-Python wheels (.whl/, e.g. gguf) into /tmp/site, which the scripts put on PYTHONPATH.
 install_whl() {
   [ -d .whl ] || return 0
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl/*.whl 2>&1 | tail -2 || true  # never stops a `set -e` script
+}
+
+# probe_setup DEFAULT_OUT LOG_NAME: the common start of the probe scripts (decode_probe_gpu.sh, ab_probe_gpu.sh):
+# Python paths, $OUT (DEFAULT_OUT unless set), every step's output appended to $OUT/LOG_NAME, the GPU's name
+# first in it, the carried wheels installed.
+probe_setup() {
+  export PYTHONPATH=.:benchmarks:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
+  OUT=${OUT:-$1}
+  mkdir -p "$OUT"
+  export STEP_LOG=$OUT/$2
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$STEP_LOG"
+  install_whl
 }
 
 # step NAME SECONDS TAIL_LINES CMD...: run CMD under a time limit, print a status line and the tail of its
