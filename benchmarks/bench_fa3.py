@@ -4,7 +4,8 @@ Shapes as in the FlashAttention-3 paper: B*S = 16k tokens, H*hd = 2048, S in 512
 hd in {64, 128, 256}, causal and not, bf16 and fp16. TFLOPS = 4*B*S*S*H*hd / t (halved when
 causal); t = median of CUPTI-measured GPU time of all kernels the call launches. attention_mgpu
 only takes fp16, so its column is filled on fp16 rows. ``specjax`` is the kernel with
-``default_config(hd, S)`` (what the jitted entry picks); ``--variants`` also times both fixed
+``default_config(hd, S, causal)`` (the tuned pick; the model's dispatch passes causal=True);
+``--variants`` also times both fixed
 variants in the same process: one CTA per tile (``specjax_grid``) and the persistent grid
 (``specjax_persistent``, ``num_ctas`` = the device's SM count), and ``specjax_overlap``:
 ``overlap_config(hd, S)``, default_config's schedule with FA3's intra-warpgroup overlap (block_kv
@@ -50,7 +51,7 @@ def _impls(S: int, hd: int, causal: bool, dtype, persistent_ctas: int | None):
     kend = key_end(B, S, S, causal="top_left" if causal else "none")
     specjax = lambda cfg: jax.jit(lambda q, k, v: flash_attention_fwd(q, k, v, kend, config=cfg)[0])
     impls = {
-        "specjax": specjax(default_config(hd, S)),  # what flash_attention_fwd picks for this shape
+        "specjax": specjax(default_config(hd, S, causal)),  # the tuned pick (the model's dispatch passes causal)
         "cudnn": jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
                                                                       implementation="cudnn")),
     }
@@ -58,7 +59,7 @@ def _impls(S: int, hd: int, causal: bool, dtype, persistent_ctas: int | None):
         impls["specjax_grid"] = specjax(default_config(hd))
         impls["specjax_persistent"] = specjax(
             dataclasses.replace(default_config(hd), persistent=True, num_ctas=persistent_ctas))
-        ov = overlap_config(hd, S)
+        ov = overlap_config(hd, S, causal)
         impls["specjax_overlap"] = specjax(
             dataclasses.replace(ov, num_ctas=persistent_ctas) if ov.persistent else ov)
     if dtype == jnp.float16:

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.decode_attention import MAX_QUERIES, decode_attention, rope_attention_write
-from pallas_kernels.flash_attention import key_end
+from pallas_kernels.flash_attention import default_config, key_end
 from pallas_kernels.flash_attention_vjp import flash_attention
 
 MIN_QUERIES = 2  # FA3 (prefill): at least two queries
@@ -70,7 +70,8 @@ def attend(q_BTHd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array,
         return None
     B, T, S = q_BTHd.shape[0], q_BTHd.shape[1], k_BSGd.shape[1]
     kend_BT = key_end(B, T, S, causal="positions", q_pos_BT=q_pos_BT)
-    return flash_attention(q_BTHd, k_BSGd, v_BSGd, kend_BT)
+    return flash_attention(q_BTHd, k_BSGd, v_BSGd, kend_BT, None,
+                           default_config(q_BTHd.shape[3], S, causal=True))
 
 
 def rope_attend_write(qkv_BTNd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array, cos_BTd: jax.Array,

@@ -37,6 +37,9 @@ and the per-item fixed cost (Q load, pipeline ramp, O/LSE epilogue) overlaps the
     after the item's last QK^T, so the producer loads the next Q, K and V while the consumers are
     still in the last PV and the epilogue; at hd 256 O reuses ``q_smem`` and ``q_free`` waits for
     the O store to have read it (the producer then loads the next item's first K/V blocks first).
+With ``balanced=True`` CTA c runs ``order[c], order[c + grid], ...`` instead: the items sorted by
+KV steps, longest first, dealt in snake order (``_balanced_order``, computed in XLA from the per-tile
+key ranges), so causal tiles of unequal work even out; ``default_config`` uses it for long causal rows.
 Barrier phases: Mosaic GPU keeps one parity bit per barrier per thread, flipped by each
 ``barrier_wait``, so every thread that waits on a barrier must wait on every one of its phases, in
 order, and no barrier may complete twice ahead of a waiter; both kernels keep that (the producer
@@ -88,6 +91,7 @@ class TuningConfig:
     persistent: bool = False
     num_ctas: int = 132      # persistent grid size: the SM count of an H100 / H200
     overlap: bool = False    # intra-warpgroup overlap: QK^T of block j in flight with PV of j - 1
+    balanced: bool = False   # persistent only: items dealt longest-first in snake order (LPT)
 
     def __post_init__(self):
         if self.block_q != 64:
@@ -100,6 +104,10 @@ class TuningConfig:
             raise ValueError(f"persistent must be True or False, got {self.persistent!r}")
         if not isinstance(self.overlap, bool):
             raise ValueError(f"overlap must be True or False, got {self.overlap!r}")
+        if not isinstance(self.balanced, bool) or (self.balanced and not self.persistent):
+            raise ValueError(f"balanced must be True or False and needs persistent=True (it orders the "
+                             f"persistent grid's items), got balanced={self.balanced!r}, "
+                             f"persistent={self.persistent!r}")
         if isinstance(self.num_ctas, bool) or not isinstance(self.num_ctas, int) or self.num_ctas < 1:
             raise ValueError(f"num_ctas must be a positive int (CTAs of the persistent grid, at most "
                              f"one per SM is useful), got {self.num_ctas!r}")
@@ -131,28 +139,46 @@ class TuningConfig:
         return self._base_smem_bytes(head_dim, itemsize) + o
 
 
-PERSISTENT_MAX_KV_BLOCKS = 32  # persistent grid up to this many KV blocks per tile (see default_config)
+# Per (head dim, causal): ``(longest kv_len, block_kv, schedule)`` rows, the first that covers kv_len
+# wins (None: any length). Fitted to two H100 sweeps of the FA3 table (bf16, cuDNN in the same
+# process: benchmarks/results/fa3_tune_h100_2026-11-27{,_sched}.*, benchmarks/tune_fa3.py); see
+# pallas_kernels/NOTES.md "v5". A schedule that was within ~2 % of another in one run and behind it
+# in the other is not trusted: the rows below are the ones both runs agree on or the larger margin.
+TUNED = {
+    (64, False): ((None, 256, "persistent"),),
+    (64, True): ((1024, 128, "persistent"), (8192, 256, "persistent"), (None, 256, "grid")),
+    (128, False): ((None, 128, "persistent"),),
+    (128, True): ((4096, 128, "persistent"), (None, 128, "balanced")),
+    (256, False): ((512, 64, "persistent"), (None, 64, "grid")),
+    (256, True): ((2048, 64, "persistent"), (8192, 64, "balanced"), (None, 64, "grid")),
+}
 
 
-def default_config(head_dim: int, kv_len: int | None = None) -> TuningConfig:
-    """Largest KV block that fits 227 KiB of SMEM with a 2-deep ring (attention_mgpu's choice; not
-    tuned); with ``kv_len``, the persistent grid (one CTA per SM of the first device) when a tile has
-    at most ``PERSISTENT_MAX_KV_BLOCKS`` KV blocks. Chosen from one H100 run of the FA3 table
-    (benchmarks/results/fa3_h100_2026-11-26_*): with a few KV steps per tile, overlapping one tile's
-    epilogue with the next tile's loads won up to 1.5x; with many, the static round-robin of
-    causal tiles over CTAs left some CTAs 1.5x the mean work, and the one-CTA-per-tile grid won."""
-    block_kv = {64: 256, 128: 128, 256: 64}.get(head_dim, 64)
-    if kv_len is None or pl.cdiv(kv_len, block_kv) > PERSISTENT_MAX_KV_BLOCKS:
+def default_config(head_dim: int, kv_len: int | None = None, causal: bool = False) -> TuningConfig:
+    """The tuned config for this head dim, key length and mask (``TUNED``). ``causal`` only steers
+    the choice (the kernel reads the mask from ``k_end`` either way): causal tiles differ in work,
+    so long causal rows want the balanced persistent schedule or the one-CTA-per-tile grid, while
+    equal tiles want the persistent grid. Without ``kv_len``: the largest KV block that fits 227 KiB
+    with a 2-deep ring, one CTA per tile (the untuned base the sweeps start from). The persistent
+    grid has one CTA per SM of the first device."""
+    base = {64: 256, 128: 128, 256: 64}.get(head_dim, 64)
+    if kv_len is None or (head_dim, bool(causal)) not in TUNED:
+        return TuningConfig(block_kv=base)
+    for longest, block_kv, schedule in TUNED[head_dim, bool(causal)]:
+        if longest is None or kv_len <= longest:
+            break
+    if schedule == "grid":
         return TuningConfig(block_kv=block_kv)
     dev = jax.devices()[0]
     sms = getattr(dev, "core_count", None) if dev.platform == "gpu" else None
-    return TuningConfig(block_kv=block_kv, persistent=True, num_ctas=sms or 132)
+    return TuningConfig(block_kv=block_kv, persistent=True, balanced=schedule == "balanced",
+                        num_ctas=sms or 132)
 
 
-def overlap_config(head_dim: int, kv_len: int | None = None) -> TuningConfig:
-    """``default_config(head_dim, kv_len)`` (same schedule) with ``overlap=True`` and block_kv
-    capped at ``max_overlap_block_kv(head_dim)`` (hd64: 256 -> 128)."""
-    cfg = default_config(head_dim, kv_len)
+def overlap_config(head_dim: int, kv_len: int | None = None, causal: bool = False) -> TuningConfig:
+    """``default_config(head_dim, kv_len, causal)`` (same schedule) with ``overlap=True`` and
+    block_kv capped at ``max_overlap_block_kv(head_dim)`` (hd64: 256 -> 128)."""
+    cfg = default_config(head_dim, kv_len, causal)
     return dataclasses.replace(cfg, overlap=True,
                                block_kv=min(cfg.block_kv, max_overlap_block_kv(head_dim)))
 
@@ -426,10 +452,10 @@ def _kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, o_ref, lse_ref, s
 
 
 # ---------------------------------------------------------------- persistent: CTAs loop over items
-def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, o_ref, lse_ref, scoped, *,
-                       cfg: TuningConfig, n_rep: int, scale_log2: float, n_kv_blocks: int,
+def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs, cfg: TuningConfig, n_rep: int, scale_log2: float, n_kv_blocks: int,
                        n_tiles: int, n_batch: int, n_heads: int, n_ctas: int, separate_o: bool):
     bq, bkv, stages = cfg.block_q, cfg.block_kv, cfg.num_stages
+    order_ref, (o_ref, lse_ref, scoped) = (refs[0], refs[1:]) if cfg.balanced else (None, refs)
     (q_smem2, k_smem, v_smem, lse_smem2, p_smem2, o_smem2), (k_ready, v_ready, q_ready), \
         (k_free, v_free), q_free, schedule = scoped
     ring = (k_smem, v_smem, k_ready, v_ready, k_free, v_free)
@@ -442,8 +468,11 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, o_ref,
         first version put the q tile slowest: ~132 heads' K/V then streamed from HBM at once and
         short-S rows were bandwidth-bound, pallas_kernels/NOTES.md). The q tiles of a head run
         longest-first and of the next head shortest-first (a zigzag), so in causal attention a CTA,
-        which takes every ``n_ctas``-th item, gets long and short tiles alike."""
+        which takes every ``n_ctas``-th item, gets long and short tiles alike. ``balanced``: the
+        CTA's j-th item is ``order[cta + j * n_ctas]`` instead (``_balanced_order``)."""
         w = cta + j * n_ctas
+        if order_ref is not None:
+            w = order_ref[w]
         r, bh = lax.rem(w, n_tiles), lax.div(w, n_tiles)
         qi = jnp.where(lax.rem(bh, 2) == 0, n_tiles - 1 - r, r)
         bi, hi = lax.div(bh, n_heads), lax.rem(bh, n_heads)
@@ -519,6 +548,25 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, o_ref,
             plgpu.barrier_wait(q_free.at[w])
 
 
+def _balanced_order(kmax_BN, cfg: TuningConfig, n_kv_blocks: int, n_heads: int, n_ctas: int):
+    """``order[i]`` (int32, over all items) for ``TuningConfig(balanced=True)``: CTA c runs items
+    ``order[c], order[c + n_ctas], ...``. Items (in ``item``'s base order) are sorted by their KV
+    steps, longest first (stable: equal items keep the base order and its L2 locality), and dealt
+    in snake order: round j gives the next ``n_ctas`` items to CTAs 0, 1, ... when j is even and
+    in reverse when odd (the last, partial round in order), so per-CTA work evens out (greedy
+    LPT). Causal 8k at hd 128: the plain round robin leaves one CTA 1.44x the mean work, this
+    1.00x (a static count of KV steps + 2 per item, pallas_kernels/NOTES.md)."""
+    B, n_tiles = kmax_BN.shape
+    w = jnp.arange(B * n_heads * n_tiles)
+    r, bh = w % n_tiles, w // n_tiles
+    qi = jnp.where(bh % 2 == 0, n_tiles - 1 - r, r)
+    steps = jnp.minimum(-(-kmax_BN[bh // n_heads, qi] // cfg.block_kv), n_kv_blocks)
+    by_work = jnp.argsort(-steps, stable=True)
+    rnd, c = w // n_ctas, w % n_ctas
+    snake = (rnd % 2 == 1) & (rnd < w.shape[0] // n_ctas)
+    return by_work[jnp.where(snake, rnd * n_ctas + n_ctas - 1 - c, w)].astype(jnp.int32)
+
+
 def _smem_tiled(shape, dtype):
     swizzle = plgpu.find_swizzle(shape[-1] * jnp.dtype(dtype).itemsize * 8)
     tiling = plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize))
@@ -527,7 +575,8 @@ def _smem_tiled(shape, dtype):
 
 def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: TuningConfig,
                    scale: float):
-    """Returns ``fwd(q, k, v, kend_BTp, kmin_BN, kmax_BN) -> (o_BTHd, lse_BHTp)``."""
+    """Returns ``fwd(q, k, v, kend_BTp, kmin_BN, kmax_BN[, order]) -> (o_BTHd, lse_BHTp)``
+    (``order`` from ``_balanced_order`` with ``cfg.balanced``)."""
     n_tiles = pl.cdiv(T, 2 * cfg.block_q)
     stages = cfg.num_stages
     common = dict(cfg=cfg, n_rep=H // G, scale_log2=scale * _LOG2E,
@@ -606,7 +655,9 @@ def _check(q, k, v, kend):
 @functools.partial(jax.jit, static_argnames=("scale", "config"))
 def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT, *, scale: float | None = None,
                         config: TuningConfig | None = None):
-    """Jitted entry: ``(o [B,T,H,d], lse [B,H,T] natural log, float32)``."""
+    """Jitted entry: ``(o [B,T,H,d], lse [B,H,T] natural log, float32)``. ``config`` defaults to
+    ``default_config(d, S)``, the non-causal tuning; causal callers pass
+    ``default_config(d, S, causal=True)`` (the mask itself always comes from ``kend_BT``)."""
     _check(q_BTHd, k_BSGd, v_BSGd, kend_BT)
     (B, T, H, d), (S, G) = q_BTHd.shape, k_BSGd.shape[1:3]
     cfg = config or default_config(d, S)
@@ -625,7 +676,10 @@ def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT, *, scale: float | None 
     real = (jnp.arange(n_tiles * rows) < T).reshape(1, n_tiles, rows)
     kmin, kmax = jnp.where(real, tiles, S).min(-1), tiles.max(-1)
     fwd = _build_forward(B, Tq, H, Sk, G, d, q.dtype, cfg, scale)
-    o, lse = fwd(q, pad_kv(k_BSGd), pad_kv(v_BSGd), kend, kmin, kmax)
+    order = ()
+    if cfg.balanced:
+        order = (_balanced_order(kmax, cfg, pl.cdiv(Sk, cfg.block_kv), H, min(cfg.num_ctas, n_tiles * B * H)),)
+    o, lse = fwd(q, pad_kv(k_BSGd), pad_kv(v_BSGd), kend, kmin, kmax, *order)
     return o[:, :T], lse[:, :, :T]
 
 
@@ -669,7 +723,7 @@ def main(argv=None) -> None:
     q, k, v = (jax.random.normal(kk, (B, S, H, d), jnp.bfloat16)
                for kk in jax.random.split(jax.random.key(0), 3))
     kend = key_end(B, S, S, causal="top_left" if a.causal else "none")
-    cfg = default_config(d, S) if a.schedule == "default" else dataclasses.replace(
+    cfg = default_config(d, S, a.causal) if a.schedule == "default" else dataclasses.replace(
         default_config(d), persistent=a.schedule == "persistent", num_ctas=a.num_ctas)
     if a.overlap:
         cfg = dataclasses.replace(cfg, overlap=True, block_kv=min(cfg.block_kv, max_overlap_block_kv(d)))

@@ -1,0 +1,133 @@
+"""Sweep the FA3 kernel's TuningConfig over the FA3-paper table (one GPU, one process).
+
+For every row of ``bench_fa3.py``'s table in one dtype (bf16 by default): every
+``(block_kv, num_stages, schedule)`` that fits shared memory at that head dim, and cuDNN, timed in
+the same process (CUPTI median of ``--iters`` calls). Writes
+``benchmarks/results/fa3_tune_<device>_<date><tag>.{json,md}``: all timings, and per row the best
+config and its ratio to today's ``default_config``. The picks feed ``flash_attention.TUNED``; the
+picks are then checked by a separate ``bench_fa3.py`` run (a sweep's best of N is biased upward by
+timing noise, so its own numbers are not the result). Needs a GPU.
+
+    PYTHONPATH=. python3 benchmarks/tune_fa3.py [--dtype bfloat16] [--iters 20] [--tag _x]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import dataclasses
+import datetime
+import itertools
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from bench_fa3 import _measure, _try_compile
+from pallas_kernels.flash_attention import (_SMEM_LIMIT, TuningConfig, default_config, flash_attention_fwd,
+                                            key_end)
+from specjax.files import atomic_write_text
+
+SEQS = (512, 1024, 2048, 4096, 8192, 16384)
+
+
+def candidates(hd: int, sms: int, schedules_only: bool = False) -> list[TuningConfig]:
+    """Every block_kv in {64, 128, 192, 256} x num_stages in {2, 3, 4} x {grid, persistent} whose
+    SMEM fits (block_kv must be a multiple of 64: PV's wgmma K dimension); ``schedules_only``:
+    default_config(hd)'s blocks with the grid, the persistent and the balanced persistent schedule."""
+    if schedules_only:
+        base = default_config(hd)
+        return [dataclasses.replace(base, persistent=p, balanced=b, num_ctas=sms)
+                for p, b in ((False, False), (True, False), (True, True))]
+    out = []
+    for bkv, st, pers in itertools.product((64, 128, 192, 256), (2, 3, 4), (False, True)):
+        cfg = TuningConfig(block_kv=bkv, num_stages=st, persistent=pers, num_ctas=sms)
+        if cfg.smem_bytes(hd) + 3072 <= _SMEM_LIMIT:   # barriers and 1 KiB alignment: ~2.7 KiB measured
+            out.append(cfg)
+    return out
+
+
+def label(cfg: TuningConfig) -> str:
+    return f"{cfg.block_kv}/{cfg.num_stages}/{'B' if cfg.balanced else 'P' if cfg.persistent else 'G'}"
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--hds", default="64,128,256")
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--schedules-only", action="store_true",
+                    help="default blocks; grid (G), persistent (P) and balanced persistent (B) schedules")
+    args = ap.parse_args(argv)
+    dev = jax.devices()[0]
+    if dev.platform != "gpu":
+        sys.exit(f"tune_fa3.py times CUDA kernels and needs a GPU; JAX runs on {dev.platform}")
+    sms = getattr(dev, "core_count", None) or 132
+    dtype = jnp.dtype(args.dtype)
+    key = jax.random.key(0)
+    jobs = []
+    for hd in map(int, args.hds.split(",")):
+        for causal, S in itertools.product((False, True), SEQS):
+            B, H = 16384 // S, 2048 // hd
+            kend = key_end(B, S, S, causal="top_left" if causal else "none")
+            fns = {label(c): jax.jit(lambda q, k, v, c=c, e=kend: flash_attention_fwd(q, k, v, e, config=c)[0])
+                   for c in candidates(hd, sms, args.schedules_only)}
+            fns["cudnn"] = jax.jit(lambda q, k, v, c=causal: jax.nn.dot_product_attention(
+                q, k, v, is_causal=c, implementation="cudnn"))
+            key, *ks = jax.random.split(key, 4)
+            qkv = [jax.random.normal(kk, (B, S, H, hd), dtype) for kk in ks]
+            d = default_config(hd, S)
+            jobs.append(dict(hd=hd, causal=causal, S=S, flops=4 * B * S * S * H * hd / (2 if causal else 1),
+                             fns=fns, qkv=qkv, default=label(d)))
+    with cf.ThreadPoolExecutor(16) as pool:   # compile everything first, in parallel
+        list(pool.map(lambda jf: _try_compile(*jf), [(f, j["qkv"]) for j in jobs for f in j["fns"].values()]))
+    rows = []
+    for j in jobs:
+        tf = {}
+        for name, fn in j["fns"].items():
+            ms = _measure(fn, j["qkv"], args.iters)
+            tf[name] = None if ms is None else round(j["flops"] / ms / 1e9, 1)
+        cud = tf.pop("cudnn")
+        ok = {k: v for k, v in tf.items() if v}
+        best = max(ok, key=ok.get)
+        row = dict(hd=j["hd"], causal=j["causal"], S=j["S"], dtype=args.dtype, cudnn_tflops=cud,
+                   default=j["default"], default_tflops=tf.get(j["default"]), best=best,
+                   best_tflops=ok[best], configs=tf)
+        print({k: v for k, v in row.items() if k != "configs"}, flush=True)
+        rows.append(row)
+        _write(rows, dev, args, quiet=len(rows) < len(jobs))
+
+
+def _write(rows, dev, args, quiet) -> None:
+    name = "h200" if "H200" in dev.device_kind else "h100" if "H100" in dev.device_kind else \
+        dev.device_kind.replace(" ", "_").lower()
+    date = datetime.date.today().isoformat()
+    doc = {"device": dev.device_kind, "jax": jax.__version__, "date": date,
+           "command": " ".join(["python3", *sys.argv]), "label": "block_kv/num_stages/(G)rid|(P)ersistent|(B)alanced persistent",
+           "rows": rows}
+    base = os.path.join(args.out, f"fa3_tune_{name}_{date}{args.tag}")
+    os.makedirs(args.out, exist_ok=True)
+    f = lambda x: "-" if x is None else f"{x:.0f}"
+    md = [f"{dev.device_kind}, jax {jax.__version__}, {date}, {args.dtype}, TFLOPS "
+          "(config = block_kv/num_stages/G grid, P persistent or B balanced persistent)", "",
+          "| hd | causal | S | cuDNN | default | default TFLOPS | best | best TFLOPS | best/default | best/cuDNN |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        md.append(f"| {r['hd']} | {r['causal']} | {r['S']} | {f(r['cudnn_tflops'])} | {r['default']} | "
+                  f"{f(r['default_tflops'])} | {r['best']} | {f(r['best_tflops'])} | "
+                  f"{r['best_tflops'] / r['default_tflops']:.3f} | "
+                  f"{r['best_tflops'] / r['cudnn_tflops']:.3f} |" if r['default_tflops'] and r['cudnn_tflops']
+                  else f"| {r['hd']} | {r['causal']} | {r['S']} | {f(r['cudnn_tflops'])} | {r['default']} | - | "
+                       f"{r['best']} | {f(r['best_tflops'])} | - | - |")
+    atomic_write_text(base + ".json", json.dumps(doc, indent=1))
+    atomic_write_text(base + ".md", "\n".join(md) + "\n")
+    if not quiet:
+        print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
