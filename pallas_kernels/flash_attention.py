@@ -452,8 +452,10 @@ def _kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, o_ref, lse_ref, s
 
 
 # ---------------------------------------------------------------- persistent: CTAs loop over items
-def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs, cfg: TuningConfig, n_rep: int, scale_log2: float, n_kv_blocks: int,
-                       n_tiles: int, n_batch: int, n_heads: int, n_ctas: int, separate_o: bool):
+def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs, cfg: TuningConfig,
+                       n_rep: int, scale_log2: float, n_kv_blocks: int, n_tiles: int, n_batch: int,
+                       n_heads: int, n_ctas: int, separate_o: bool):
+    """``refs``: ``[order_ref,] o_ref, lse_ref, scoped`` (``order_ref`` with ``cfg.balanced`` only)."""
     bq, bkv, stages = cfg.block_q, cfg.block_kv, cfg.num_stages
     order_ref, (o_ref, lse_ref, scoped) = (refs[0], refs[1:]) if cfg.balanced else (None, refs)
     (q_smem2, k_smem, v_smem, lse_smem2, p_smem2, o_smem2), (k_ready, v_ready, q_ready), \

@@ -175,7 +175,7 @@ def test_balanced_order_is_a_permutation_that_evens_out_causal_work():
     """Each item once; with causal top-left tiles, per-CTA KV steps (+2 per item for its fixed cost)
     within 5 % of the mean where the plain round robin is 1.4x off (hd128 S=8k, hd256 S=4k/8k)."""
     from pallas_kernels.flash_attention import _balanced_order
-    for hd, S, rr_worst in ((128, 8192, 1.4), (256, 4096, 1.4), (256, 8192, 1.4), (64, 512, 0.0)):
+    for hd, S, rr_worst in ((128, 8192, 1.4), (256, 4096, 1.4), (256, 8192, 1.4), (64, 512, None)):
         B, H, n_ctas, n_tiles, bkv = 16384 // S, 2048 // hd, 132, S // 128, default_config(hd).block_kv
         cfg = TuningConfig(block_kv=bkv, persistent=True, balanced=True)
         kmax = key_end(B, S, S, causal="top_left").reshape(B, n_tiles, 128).max(-1)
@@ -188,7 +188,8 @@ def test_balanced_order_is_a_permutation_that_evens_out_causal_work():
         per_cta = lambda ids: np.bincount(np.arange(n) % n_ctas, weights=work[ids])
         mean = work.sum() / n_ctas
         assert per_cta(order).max() / mean < 1.05, (hd, S)
-        assert per_cta(np.arange(n)).max() / mean > rr_worst, (hd, S)  # what the round robin did
+        if rr_worst is not None:  # what the round robin did
+            assert per_cta(np.arange(n)).max() / mean > rr_worst, (hd, S)
 
 
 # ---------------------------------------------------------------- CPU: mask and reference logic
