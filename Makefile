@@ -23,7 +23,7 @@ demo: fetch
 		--prompt "Write a Python function that checks whether a number is prime."
 
 test: fetch
-	$(BIN)/python -m pytest -q -ra --timeout 1200
+	$(BIN)/python -m pytest -q -ra --timeout 1200 --durations=15
 
 clean:
 	rm -rf $(VENV) .pytest_cache

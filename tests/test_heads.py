@@ -214,3 +214,41 @@ def test_shipped_smollm2_artifacts_load_fit_and_decode_exactly(kind):
     out = speculative_generate(lm.params, lm.cfg, ids, drafter, dp, num_draft=3, max_new_tokens=24)
     assert out.output_ids == ref.output_ids
     assert out.metrics()["mean_accepted"] > 1.0  # a trained drafter gets some drafts accepted on a plain prompt
+
+
+@pytest.mark.assets
+def test_shipped_eagle3_loop_accepts_what_its_training_unroll_predicts():
+    """Lossless decoding hides a drafter fed the wrong features (outputs stay exact, only acceptance
+    drops). So: the loop's acceptance counts per draft position equal the chain replayed offline from
+    the training-time unroll over the same greedy text (``chain_acceptance``); the text runs K tokens
+    past the budget, as the verifier sees it. Exact in float32 here; one count of slack per position
+    for a float near-tie between the unroll's attention and the cached step. A token/feature
+    misalignment in the drafter's update costs ~1 in tau (checked by mutation: 1.24 vs 2.21)."""
+    from specjax import assets, pipeline
+    from specjax.heads import shipped
+    from training.eagle3_ttt import chain_acceptance, ttt_logits
+    if not (shipped.ROOT / "smollm2-135m-instruct" / "eagle3" / "config.json").is_file():
+        pytest.skip("no shipped eagle3 head")
+    if not (assets.home() / assets.MODELS["smollm2-135m-instruct"].dest).is_file():
+        pytest.skip("SmolLM2 GGUF not fetched: run `specjax fetch`")
+    lm = pipeline.load("smollm2-135m-instruct", "float32")
+    ecfg, dp = shipped.load("smollm2-135m-instruct", "eagle3", lm.cfg, lm.params)
+    K, new = 7, 48
+    ids = [lm.encode(t, chat=True) for t in ("Write a Python function that reverses a string.",
+                                             "Explain why the sky is blue in three sentences.")]
+    ref = generate(lm.params, lm.cfg, ids, max_new_tokens=new + K, eos_token_ids=()).output_ids
+    cyc, acc = 0, np.zeros(K, int)
+    for p, out in zip(ids, ref):
+        text = np.asarray(p + out, np.int32)  # K tokens past the budget: what the last cycle's verifier sees
+        _, taps, _ = model.forward(lm.params, lm.cfg, jnp.asarray(text)[None], taps=ecfg.taps)
+        steps = ttt_logits(dp["params"], ecfg, lm.params["embed"], jnp.asarray(text)[None], taps, K)
+        drafts = np.stack([np.asarray(jnp.take(dp["draft_ids"], jnp.argmax(s[0], -1))) for s in steps])
+        c, a = chain_acceptance(drafts, text, len(p), len(p) + new)
+        cyc, acc = cyc + c, acc + a
+    res = speculative_generate(lm.params, lm.cfg, ids, Eagle3(ecfg), dp, num_draft=K, max_new_tokens=new,
+                               eos_token_ids=())
+    assert res.output_ids == [o[:new] for o in ref]
+    assert 1 + acc.sum() / cyc > 1.5, acc  # the shipped head predicts something: the comparison is not vacuous
+    assert res.stats.cycles_B.sum() == cyc
+    loop_acc = res.stats.accepted_BK.sum(0)
+    assert np.abs(loop_acc - acc).max() <= 1, (loop_acc.tolist(), acc.tolist())

@@ -61,3 +61,28 @@ def ttt_logits(params: dict, cfg: eagle3.Eagle3Config, embed_VD: jax.Array, toke
         h_BTD = eagle3.finish(params, cfg, h_BTD, ttt_attention(q_BTHd, k_steps, v_steps))
         out.append(eagle3.logits(params, cfg, h_BTD))
     return out
+
+
+def chain_acceptance(drafts_JT, text_T, start: int, end: int):
+    """``(cycles, accepted_J)``: what greedy chain decoding with a budget of ``end - start`` new tokens
+    accepts, replayed offline. ``text_T`` is a prompt of length ``start`` and the target's greedy
+    continuation, which may run past ``end``; step j's draft at row t is ``drafts_JT[j, t]`` (argmax
+    of ``ttt_logits`` step j, a guess for ``text[t + 2 + j]``).
+
+    Prefill emits ``text[start]``; a cycle whose last emitted token is ``text[L]`` reads the head's
+    row L - 1 and accepts drafts while they match ``text[L + 1 ...]``, then the target's token.
+    Drafts matching the continuation past ``end`` count, as the verifier (and vLLM) counts them
+    before the budget cut. ``speculative_generate`` gives the same counts in float32 when the text
+    covers ``end + J`` (``benchmarks/eagle3_consistency_probe.py``, ``tests/test_heads.py``)."""
+    import numpy as np
+    J = drafts_JT.shape[0]
+    cycles, acc = 0, np.zeros(J, int)
+    L = start
+    while L + 1 < end:
+        cycles += 1
+        n = 0
+        while n < J and L + 1 + n < len(text_T) and drafts_JT[n, L - 1] == text_T[L + 1 + n]:
+            acc[n] += 1
+            n += 1
+        L += n + 1
+    return cycles, acc
