@@ -47,7 +47,9 @@ def main(argv=None) -> None:
     print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}; {a.n} prompts per set, {a.new} new tokens, K={K}, float32")
     for name, prompts in sets.items():
         ref = specjax.generate(tp, cfg, prompts, max_new_tokens=a.new + K, eos_token_ids=()).output_ids
-        proxy_hits = proxy_n = 0
+        proxy_hits = proxy_n = oov = 0
+        in_vocab = np.zeros(cfg.vocab_size, bool)
+        in_vocab[np.asarray(dp["draft_ids"])] = True
         s_cyc, s_acc = 0, np.zeros(K, int)
         for p, out in zip(prompts, ref):
             text = np.asarray(list(p) + list(out), np.int32)
@@ -59,6 +61,7 @@ def main(argv=None) -> None:
             rows = np.arange(len(p) - 1, end - 2)  # rows whose step-0 target is a new token within the budget
             proxy_hits += int((pred[0, rows] == text[rows + 2]).sum())
             proxy_n += len(rows)
+            oov += int((~in_vocab[text[rows + 2]]).sum())  # targets the head cannot draft at all
             c, acc = chain_acceptance(pred, text, len(p), end)  # text runs K past the budget, as the verifier sees
             s_cyc, s_acc = s_cyc + c, s_acc + acc
         res = speculative_generate(tp, cfg, prompts, Eagle3(ecfg), dp, num_draft=K, max_new_tokens=a.new,
@@ -66,7 +69,8 @@ def main(argv=None) -> None:
         same = sum(list(x) == list(y)[:a.new] for x, y in zip(res.output_ids, ref))
         l_cyc, l_acc = int(res.stats.cycles_B.sum()), res.stats.accepted_BK.sum(0)
         fmt = lambda acc, cyc: " ".join(f"{x / cyc:.2f}" for x in acc)
-        print(f"[{name}] step-0 accuracy over all new-token rows (proxy): {proxy_hits / proxy_n:.3f} ({proxy_n} rows)")
+        print(f"[{name}] step-0 accuracy over all new-token rows (proxy): {proxy_hits / proxy_n:.3f} ({proxy_n} rows); "
+              f"targets outside the {len(dp['draft_ids'])}-token draft vocabulary: {oov / proxy_n:.3f}")
         print(f"[{name}] simulated chain from the training unroll: tau {1 + s_acc.sum() / s_cyc:.3f}, "
               f"{s_cyc} cycles, acceptance per position {fmt(s_acc, s_cyc)}")
         print(f"[{name}] speculative loop: tau {1 + l_acc.sum() / l_cyc:.3f}, {l_cyc} cycles, "
