@@ -2,12 +2,14 @@
 
 For the shipped SmolLM2 head and the first N MT-bench (and HumanEval) prompts, in float32 on any
 backend:
-  1. the target's greedy continuation (``generate``), M new tokens;
+  1. the target's greedy continuation (``generate``), M new tokens and K more (what the last cycle's
+     verifier sees past the budget);
   2. the training-time unroll (``training.eagle3_ttt.ttt_logits``, 7 steps) over prompt + response
      with the target's features, and from it, offline, the chain decoding would run: a cycle starting
      after position L drafts step j's argmax at row L-1 and stops at the first mismatch with the
      greedy text; tau and per-position acceptance of that simulation, and the step-0 accuracy over
-     all response positions (the training bar's "acceptance proxy");
+     all response positions (the training bar's "acceptance proxy") with the share of those
+     positions whose token lies outside the head's draft vocabulary;
   3. the real loop (``speculative_generate``, K=7) on the same prompts: tau and per-position
      acceptance.
 (3) equal to (2)'s simulation means the loop loses nothing against training; then the gap between

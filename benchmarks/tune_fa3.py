@@ -6,9 +6,10 @@ the same process (CUPTI median of ``--iters`` calls). Writes
 ``benchmarks/results/fa3_tune_<device>_<date><tag>.{json,md}``: all timings, and per row the best
 config and its ratio to today's ``default_config``. The picks feed ``flash_attention.TUNED``; the
 picks are then checked by a separate ``bench_fa3.py`` run (a sweep's best of N is biased upward by
-timing noise, so its own numbers are not the result). Needs a GPU.
+timing noise, so its own numbers are not the result). ``--schedules-only``: the base blocks with the
+grid, persistent and balanced persistent schedules. Needs a GPU.
 
-    PYTHONPATH=. python3 benchmarks/tune_fa3.py [--dtype bfloat16] [--iters 20] [--tag _x]
+    PYTHONPATH=. python3 benchmarks/tune_fa3.py [--dtype bfloat16] [--iters 20] [--tag _x] [--schedules-only]
 """
 
 from __future__ import annotations
