@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.mosaic.gpu import profiler
 
+from common import device_name
 from pallas_kernels.flash_attention import default_config, flash_attention_fwd, key_end, overlap_config
 from specjax.files import atomic_write_text
 
@@ -132,8 +133,7 @@ def _try_compile(fn, args):
 
 def _write(rows, dev, out_dir, command, quiet=False, persistent_ctas=None, tag="") -> None:
     """Rewrites the JSON and markdown table (after every row, so a cut-off run keeps its rows)."""
-    name = "h200" if "H200" in dev.device_kind else "h100" if "H100" in dev.device_kind else \
-        dev.device_kind.replace(" ", "_").lower()
+    name = device_name().lower()
     date = datetime.date.today().isoformat()
     doc = {"device": dev.device_kind, "jax": jax.__version__, "date": date, "command": command,
            "persistent_num_ctas": persistent_ctas, "rows": rows}

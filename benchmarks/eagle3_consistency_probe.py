@@ -27,11 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax
-from specjax import model
-from specjax.heads import eagle3, shipped
+from specjax.heads import shipped
 from specjax.speculative import speculative_generate
 from specjax.speculative.drafters.eagle3 import Eagle3
-from training.eagle3_ttt import chain_acceptance, ttt_logits
+from training.eagle3_ttt import chain_acceptance, greedy_drafts
 from training.evaluate import heldout_prompts
 
 K = 7
@@ -55,10 +54,7 @@ def main(argv=None) -> None:
         s_cyc, s_acc = 0, np.zeros(K, int)
         for p, out in zip(prompts, ref):
             text = np.asarray(list(p) + list(out), np.int32)
-            toks = jnp.asarray(text)[None]
-            _, taps, _ = model.forward(tp, cfg, toks, taps=ecfg.taps)
-            outs = ttt_logits(dp["params"], ecfg, tp["embed"], toks, taps, K)
-            pred = np.stack([np.asarray(jnp.take(dp["draft_ids"], jnp.argmax(o[0], -1))) for o in outs])
+            pred = greedy_drafts(tp, ecfg, dp, text, K)
             end = len(p) + a.new
             rows = np.arange(len(p) - 1, end - 2)  # rows whose step-0 target is a new token within the budget
             proxy_hits += int((pred[0, rows] == text[rows + 2]).sum())

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from bench_fa3 import _measure, _try_compile
+from common import device_name
 from pallas_kernels.flash_attention import (_SMEM_LIMIT, TuningConfig, default_config, flash_attention_fwd,
                                             key_end)
 from specjax.files import atomic_write_text
@@ -104,8 +105,7 @@ def main(argv=None) -> None:
 
 
 def _write(rows, dev, args, quiet) -> None:
-    name = "h200" if "H200" in dev.device_kind else "h100" if "H100" in dev.device_kind else \
-        dev.device_kind.replace(" ", "_").lower()
+    name = device_name().lower()
     date = datetime.date.today().isoformat()
     doc = {"device": dev.device_kind, "jax": jax.__version__, "date": date,
            "command": " ".join(["python3", *sys.argv]), "label": "block_kv/num_stages/(G)rid|(P)ersistent|(B)alanced persistent",

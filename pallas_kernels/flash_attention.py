@@ -184,10 +184,24 @@ def overlap_config(head_dim: int, kv_len: int | None = None, causal: bool = Fals
 
 
 # ---------------------------------------------------------------- pieces shared by both kernels
+def _kv_steps(kmax, block_kv: int, n_kv_blocks: int):
+    """KV blocks any row of a tile whose largest ``k_end`` is ``kmax`` sees (its KV steps)."""
+    return jnp.minimum(pl.cdiv(kmax, block_kv), n_kv_blocks)
+
+
 def _kv_range(kmin, kmax, block_kv: int, n_kv_blocks: int):
     """``(n_steps, n_open)``: KV blocks any row of the tile sees, blocks every row sees entirely."""
-    n_steps = jnp.minimum(pl.cdiv(kmax, block_kv), n_kv_blocks)
+    n_steps = _kv_steps(kmax, block_kv, n_kv_blocks)
     return n_steps, jnp.minimum(lax.div(kmin, block_kv), n_steps)
+
+
+def _item_tile(w, n_tiles: int, n_heads: int):
+    """``(qi, bi, hi)`` of persistent item ``w`` in the base order: batch slowest, then head, then
+    q tile fastest, zigzag (longest-first for even heads, shortest-first for odd ones; see the
+    persistent kernel's ``item``). Scalars in the kernel, arrays in ``_balanced_order``."""
+    r, bh = lax.rem(w, n_tiles), lax.div(w, n_tiles)
+    qi = jnp.where(lax.rem(bh, 2) == 0, n_tiles - 1 - r, r)
+    return qi, lax.div(bh, n_heads), lax.rem(bh, n_heads)
 
 
 def _sync(schedule):
@@ -475,9 +489,7 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
         w = cta + j * n_ctas
         if order_ref is not None:
             w = order_ref[w]
-        r, bh = lax.rem(w, n_tiles), lax.div(w, n_tiles)
-        qi = jnp.where(lax.rem(bh, 2) == 0, n_tiles - 1 - r, r)
-        bi, hi = lax.div(bh, n_heads), lax.rem(bh, n_heads)
+        qi, bi, hi = _item_tile(w, n_tiles, n_heads)
         n_steps, n_open = _kv_range(kmin_ref[bi, qi], kmax_ref[bi, qi], bkv, n_kv_blocks)
         return qi, bi, hi, n_open, n_steps
 
@@ -559,10 +571,9 @@ def _balanced_order(kmax_BN, cfg: TuningConfig, n_kv_blocks: int, n_heads: int, 
     LPT). Causal 8k at hd 128: the plain round robin leaves one CTA 1.44x the mean work, this
     1.00x (a static count of KV steps + 2 per item, pallas_kernels/NOTES.md)."""
     B, n_tiles = kmax_BN.shape
-    w = jnp.arange(B * n_heads * n_tiles)
-    r, bh = w % n_tiles, w // n_tiles
-    qi = jnp.where(bh % 2 == 0, n_tiles - 1 - r, r)
-    steps = jnp.minimum(-(-kmax_BN[bh // n_heads, qi] // cfg.block_kv), n_kv_blocks)
+    w = jnp.arange(B * n_heads * n_tiles, dtype=jnp.int32)
+    qi, bi, _ = _item_tile(w, n_tiles, n_heads)
+    steps = _kv_steps(kmax_BN[bi, qi], cfg.block_kv, n_kv_blocks)
     by_work = jnp.argsort(-steps, stable=True)
     rnd, c = w // n_ctas, w % n_ctas
     snake = (rnd % 2 == 1) & (rnd < w.shape[0] // n_ctas)

@@ -226,7 +226,7 @@ def test_shipped_eagle3_loop_accepts_what_its_training_unroll_predicts():
     misalignment in the drafter's update costs ~1 in tau (checked by mutation: 1.24 vs 2.21)."""
     from specjax import assets, pipeline
     from specjax.heads import shipped
-    from training.eagle3_ttt import chain_acceptance, ttt_logits
+    from training.eagle3_ttt import chain_acceptance, greedy_drafts
     if not (shipped.ROOT / "smollm2-135m-instruct" / "eagle3" / "config.json").is_file():
         pytest.skip("no shipped eagle3 head")
     if not (assets.home() / assets.MODELS["smollm2-135m-instruct"].dest).is_file():
@@ -240,9 +240,7 @@ def test_shipped_eagle3_loop_accepts_what_its_training_unroll_predicts():
     cyc, acc = 0, np.zeros(K, int)
     for p, out in zip(ids, ref):
         text = np.asarray(p + out, np.int32)  # K tokens past the budget: what the last cycle's verifier sees
-        _, taps, _ = model.forward(lm.params, lm.cfg, jnp.asarray(text)[None], taps=ecfg.taps)
-        steps = ttt_logits(dp["params"], ecfg, lm.params["embed"], jnp.asarray(text)[None], taps, K)
-        drafts = np.stack([np.asarray(jnp.take(dp["draft_ids"], jnp.argmax(s[0], -1))) for s in steps])
+        drafts = greedy_drafts(lm.params, ecfg, dp, text, K)
         c, a = chain_acceptance(drafts, text, len(p), len(p) + new)
         cyc, acc = cyc + c, acc + a
     res = speculative_generate(lm.params, lm.cfg, ids, Eagle3(ecfg), dp, num_draft=K, max_new_tokens=new,

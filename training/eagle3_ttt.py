@@ -63,6 +63,17 @@ def ttt_logits(params: dict, cfg: eagle3.Eagle3Config, embed_VD: jax.Array, toke
     return out
 
 
+def greedy_drafts(tp: dict, cfg: eagle3.Eagle3Config, dp: dict, text_T, num_steps: int):
+    """Target-vocabulary argmax drafts ``[num_steps, T]`` (numpy) of ``ttt_logits`` over one token
+    sequence, with the target's features from ``tp`` and the head ``dp = {"params", "draft_ids"}``."""
+    import numpy as np
+    from specjax import model
+    toks_1T = jnp.asarray(text_T, jnp.int32)[None]
+    _, taps, _ = model.forward(tp, cfg.target, toks_1T, taps=cfg.taps)
+    steps = ttt_logits(dp["params"], cfg, tp["embed"], toks_1T, taps, num_steps)
+    return np.stack([np.asarray(jnp.take(dp["draft_ids"], jnp.argmax(s[0], -1))) for s in steps])
+
+
 def chain_acceptance(drafts_JT, text_T, start: int, end: int):
     """``(cycles, accepted_J)``: what greedy chain decoding with a budget of ``end - start`` new tokens
     accepts, replayed offline. ``text_T`` is a prompt of length ``start`` and the target's greedy
