@@ -1,0 +1,91 @@
+"""Probe (GPU): where a speculative cycle's time goes, SmolLM2 shape, random bf16 weights, B=1.
+
+    PYTHONPATH=.:benchmarks python3 benchmarks/verify_cost_probe.py [--ks 3,7] [--ts 1,8]
+
+1. ``forward`` ms per call of the target at T new tokens against a 512-slot cache (the verify forward is
+   T = K+1; T = 1 is an AR step), run N times inside one jit'ed ``fori_loop``: (t(N=160) - t(N=40)) / 120.
+   Each T with XLA's defaults and with ``xla_gpu_enable_triton_gemm=False`` (cuBLAS for the small GEMMs),
+   passed as per-jit ``compiler_options``, so both come from this process.
+2. ``cycle`` ms of ``speculative_generate`` with a random EAGLE-3 head (12288-token draft vocabulary):
+   it accepts ~nothing; ms/cycle = the difference of a 256- and a 64-token run over the difference of their
+   cycle counts. AR ms/token the same way. cycle(K) - forward(K+1) is the drafter (K-1 chained
+   head steps + one (K+1)-row update) plus the loop's bookkeeping.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import bench_decode
+import common
+from specjax import cache as kv
+from specjax import model
+from specjax.generate import generate
+from specjax.heads import eagle3
+from specjax.speculative import speculative_generate
+from specjax.speculative.drafters.eagle3 import Eagle3
+
+VARIANTS = {"default": None, "triton_gemm_off": {"xla_gpu_enable_triton_gemm": False}}
+
+
+def forward_ms(params, cfg, T: int, options, lo: int = 40, hi: int = 160, repeats: int = 3) -> float:
+    cache = kv.set_lengths(kv.init_cache(cfg, 1, 512, jnp.bfloat16), jnp.array([256], jnp.int32))
+    toks = jnp.arange(T, dtype=jnp.int32)[None] + 7
+
+    @functools.partial(jax.jit, compiler_options=options)
+    def loop(params, cache, n):
+        def body(i, c):
+            logits, _, c2 = model.forward(params, cfg, toks, kv.set_lengths(c, c.lengths_B), taps=(2, 15, 27))
+            return kv.set_lengths(c2, c.lengths_B + (logits[0, 0, 0] > 1e9).astype(jnp.int32))
+        return jax.lax.fori_loop(0, n, body, cache).lengths_B
+
+    def run(n):
+        return common.median_seconds(lambda: jax.block_until_ready(loop(params, cache, jnp.int32(n))), repeats)
+    return 1000 * (run(hi) - run(lo)) / (hi - lo)
+
+
+def per_token_ms(fn, lo=64, hi=256, repeats=3) -> float:
+    def run(n):
+        return float(np.median([fn(n).seconds for _ in range(repeats + 1)][1:]))
+    return 1000 * (run(hi) - run(lo)) / (hi - lo)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ks", default="3,7")
+    ap.add_argument("--ts", default="1,8")
+    args = ap.parse_args()
+    cfg = bench_decode.SMOLLM2_SHAPE
+    params = model.init_params(cfg, jax.random.key(0), dtype=jnp.bfloat16)
+    h = common.header()
+    print(f"{h['device_kind']}, jax {h['jax']}, {h['date']}: {h['command']}", flush=True)
+    print("| what | T or K | variant | ms | wall s |\n|---|---|---|---|---|", flush=True)
+    for T in [int(t) for t in args.ts.split(",") if t]:
+        for name, opts in VARIANTS.items():
+            t0 = time.time()
+            print(f"| forward | T={T} | {name} | {forward_ms(params, cfg, T, opts):.4f} | {time.time() - t0:.0f} |",
+                  flush=True)
+    prompt = [np.random.default_rng(0).integers(10, cfg.vocab_size - 10, 128).tolist()]
+    t0 = time.time()
+    ar = per_token_ms(lambda n: generate(params, cfg, prompt, max_new_tokens=n, eos_token_ids=()))
+    print(f"| AR step | T=1 | default | {ar:.4f} | {time.time() - t0:.0f} |", flush=True)
+    ecfg = eagle3.Eagle3Config(target=cfg, draft_vocab_size=12288)
+    dp = {"params": eagle3.init_params(ecfg, jax.random.key(1), dtype=jnp.bfloat16),
+          "draft_ids": jnp.arange(12288, dtype=jnp.int32)}
+    for K in [int(k) for k in args.ks.split(",") if k]:
+        t0 = time.time()
+        runs = {n: [speculative_generate(params, cfg, prompt, Eagle3(ecfg), dp, num_draft=K, max_new_tokens=n,
+                                         eos_token_ids=(), capacity=512) for _ in range(4)][1:] for n in (64, 256)}
+        cycles = {n: int(r[0].stats.cycles_B.sum()) for n, r in runs.items()}
+        secs = {n: float(np.median([x.seconds for x in r])) for n, r in runs.items()}
+        ms = 1000 * (secs[256] - secs[64]) / (cycles[256] - cycles[64])
+        tau = (256 - 64) / (cycles[256] - cycles[64])
+        print(f"| cycle (tokens/cycle {tau:.3f}) | K={K} | default | {ms:.4f} | {time.time() - t0:.0f} |", flush=True)
+
+if __name__ == "__main__":
+    main()
