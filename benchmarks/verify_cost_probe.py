@@ -8,7 +8,9 @@
    passed as per-jit ``compiler_options``, so both come from this process.
 2. ``cycle`` ms of ``speculative_generate`` with a random EAGLE-3 head (12288-token draft vocabulary):
    it accepts ~nothing; ms/cycle = the difference of a 256- and a 64-token run over the difference of their
-   cycle counts. AR ms/token the same way. cycle(K) - forward(K+1) is the drafter (K-1 chained
+   cycle counts.
+3. AR ms/token (``_generate``, 256- minus 64-token runs) with the greedy branch static and with the per-step
+   ``lax.cond`` on the temperature that ``generate`` compiled before, alternating. cycle(K) - forward(K+1) is the drafter (K-1 chained
    head steps + one (K+1)-row update) plus the loop's bookkeeping.
 """
 from __future__ import annotations
@@ -25,8 +27,9 @@ import bench_decode
 import common
 from specjax import cache as kv
 from specjax import model
-from specjax.generate import generate
+from specjax.generate import _generate, bucket_shapes, pad_prompts
 from specjax.heads import eagle3
+from specjax.sampling import SamplingParams
 from specjax.speculative import speculative_generate
 from specjax.speculative.drafters.eagle3 import Eagle3
 
@@ -49,9 +52,18 @@ def forward_ms(params, cfg, T: int, options, lo: int = 40, hi: int = 160, repeat
     return 1000 * (run(hi) - run(lo)) / (hi - lo)
 
 
-def per_token_ms(fn, lo=64, hi=256, repeats=3) -> float:
+def ar_step_ms(params, cfg, prompt, greedy, lo=64, hi=256, repeats=3) -> float:
+    """AR ms/token of ``_generate`` with its sampling branch static (greedy=True) or a per-step lax.cond
+    on the temperature (greedy=None, what ``generate`` compiled before 2026-11-27)."""
+    width, capacity = bucket_shapes([prompt], hi, 0)
+    toks, lens = pad_prompts([prompt], width)
+    compiled = None
+
     def run(n):
-        return float(np.median([fn(n).seconds for _ in range(repeats + 1)][1:]))
+        nonlocal compiled
+        args = (params, jnp.asarray(toks), jnp.asarray(lens), jnp.int32(n), SamplingParams.make(), jax.random.key(0))
+        compiled = compiled or _generate.lower(*args, cfg=cfg, capacity=capacity, eos_ids=(), greedy=greedy).compile()
+        return common.median_seconds(lambda: jax.block_until_ready(compiled(*args)), repeats)
     return 1000 * (run(hi) - run(lo)) / (hi - lo)
 
 
@@ -59,6 +71,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ks", default="3,7")
     ap.add_argument("--ts", default="1,8")
+    ap.add_argument("--ar-rounds", type=int, default=2, help="alternating rounds of AR with a static / a traced greedy")
     args = ap.parse_args()
     cfg = bench_decode.SMOLLM2_SHAPE
     params = model.init_params(cfg, jax.random.key(0), dtype=jnp.bfloat16)
@@ -71,9 +84,11 @@ def main():
             print(f"| forward | T={T} | {name} | {forward_ms(params, cfg, T, opts):.4f} | {time.time() - t0:.0f} |",
                   flush=True)
     prompt = [np.random.default_rng(0).integers(10, cfg.vocab_size - 10, 128).tolist()]
-    t0 = time.time()
-    ar = per_token_ms(lambda n: generate(params, cfg, prompt, max_new_tokens=n, eos_token_ids=()))
-    print(f"| AR step | T=1 | default | {ar:.4f} | {time.time() - t0:.0f} |", flush=True)
+    for _ in range(args.ar_rounds):
+        for greedy, name in ((None, "lax.cond greedy"), (True, "static greedy")):
+            t0 = time.time()
+            print(f"| AR step | T=1 | {name} | {ar_step_ms(params, cfg, prompt[0], greedy):.4f} | "
+                  f"{time.time() - t0:.0f} |", flush=True)
     ecfg = eagle3.Eagle3Config(target=cfg, draft_vocab_size=12288)
     dp = {"params": eagle3.init_params(ecfg, jax.random.key(1), dtype=jnp.bfloat16),
           "draft_ids": jnp.arange(12288, dtype=jnp.int32)}

@@ -71,13 +71,20 @@ def probs(logits_NV: jax.Array, sp: SamplingParams) -> jax.Array:
     return jax.lax.cond(greedy(sp), onehot, soft, logits_NV, sp)
 
 
-def sample(key: jax.Array, logits_NV: jax.Array, sp: SamplingParams) -> jax.Array:
-    """Draw one token per row (argmax when greedy; only the taken branch runs). Returns int32."""
+def sample(key: jax.Array, logits_NV: jax.Array, sp: SamplingParams, static_greedy: bool | None = None) -> jax.Array:
+    """Draw one token per row (argmax when greedy). Returns int32.
+
+    ``static_greedy`` True/False (a Python bool, static) picks the branch at trace time; None decides on
+    device from ``sp.temperature`` with a ``lax.cond`` (one program for both; only the taken branch
+    runs). Decode loops pass the static form: on GPU a ``lax.cond`` inside a ``while_loop`` body costs
+    each step a predicate copy to the host (benchmarks/NOTES.md item 17)."""
     def argmax(key, logits, sp):
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
     def draw(key, logits, sp):
         return jax.random.categorical(key, filtered_logits(logits, sp), axis=-1).astype(jnp.int32)
+    if static_greedy is not None:
+        return (argmax if static_greedy else draw)(key, logits_NV, sp)
     return jax.lax.cond(greedy(sp), argmax, draw, key, logits_NV, sp)
 
 
