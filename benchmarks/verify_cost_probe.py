@@ -1,6 +1,6 @@
 """Probe (GPU): where a speculative cycle's time goes, SmolLM2 shape, random bf16 weights, B=1.
 
-    PYTHONPATH=.:benchmarks python3 benchmarks/verify_cost_probe.py [--ks 3,7] [--ts 1,8]
+    PYTHONPATH=.:benchmarks python3 benchmarks/verify_cost_probe.py [--ts 1,8] [--ks 1,3,7] [--ar-rounds 3]
 
 1. ``forward`` ms per call of the target at T new tokens against a 512-slot cache (the verify forward is
    T = K+1; T = 1 is an AR step), run N times inside one jit'ed ``fori_loop``: (t(N=160) - t(N=40)) / 120.
@@ -8,15 +8,19 @@
    passed as per-jit ``compiler_options``, so both come from this process.
 2. ``cycle`` ms of ``speculative_generate`` with a random EAGLE-3 head (12288-token draft vocabulary):
    it accepts ~nothing; ms/cycle = the difference of a 256- and a 64-token run over the difference of their
-   cycle counts.
-3. AR ms/token (``_generate``, 256- minus 64-token runs) with the greedy branch static and with the per-step
-   ``lax.cond`` on the temperature that ``generate`` compiled before, alternating. cycle(K) - forward(K+1) is the drafter (K-1 chained
-   head steps + one (K+1)-row update) plus the loop's bookkeeping.
+   cycle counts. cycle(K) - forward(K+1) is the drafter (K-1 chained head steps + one (K+1)-row update)
+   plus the loop's bookkeeping.
+3. Greedy AR ms/token (``generate._generate``, 256- minus 64-token runs) with the sampler as it is (greedy
+   fixed on the host, ``SamplingParams.is_greedy``) and with the per-step ``lax.cond`` on the temperature
+   that it had before 2026-11-27 (``cond_sample`` patched in), alternating. The results file
+   ``verify_cost_probe_H200_2026-11-27_ar.txt`` came from commit 508409e, where ``_generate`` took the
+   choice as a static argument instead; the programs compared are the same.
 """
 from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import time
 
 import jax
@@ -26,13 +30,12 @@ import numpy as np
 import bench_decode
 import common
 from specjax import cache as kv
-from specjax import model
-from specjax.generate import _generate, bucket_shapes, pad_prompts
+from specjax import model, sampling
 from specjax.heads import eagle3
-from specjax.sampling import SamplingParams
 from specjax.speculative import speculative_generate
 from specjax.speculative.drafters.eagle3 import Eagle3
 
+gen = importlib.import_module("specjax.generate")  # the module (the package exports a function of that name)
 VARIANTS = {"default": None, "triton_gemm_off": {"xla_gpu_enable_triton_gemm": False}}
 
 
@@ -52,17 +55,32 @@ def forward_ms(params, cfg, T: int, options, lo: int = 40, hi: int = 160, repeat
     return 1000 * (run(hi) - run(lo)) / (hi - lo)
 
 
-def ar_step_ms(params, cfg, prompt, greedy, lo=64, hi=256, repeats=3) -> float:
-    """AR ms/token of ``_generate`` with its sampling branch static (greedy=True) or a per-step lax.cond
-    on the temperature (greedy=None, what ``generate`` compiled before 2026-11-27)."""
-    width, capacity = bucket_shapes([prompt], hi, 0)
-    toks, lens = pad_prompts([prompt], width)
-    compiled = None
+def cond_sample(key, logits_NV, sp):
+    """``sampling.sample`` before 2026-11-27: greedy or not decided on device, per call (a ``lax.cond``)."""
+    def argmax(key, logits):
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    def draw(key, logits):
+        return jax.random.categorical(key, sampling.filtered_logits(logits, sp), axis=-1).astype(jnp.int32)
+    return jax.lax.cond(sp.temperature <= 0, argmax, draw, key, logits_NV)
+
+
+def ar_step_ms(params, cfg, prompt, traced_cond: bool, lo=64, hi=256, repeats=3) -> float:
+    """Greedy AR ms/token of ``generate._generate``, as it is or with ``cond_sample`` patched in."""
+    width, capacity = gen.bucket_shapes([prompt], hi, 0)
+    toks, lens = gen.pad_prompts([prompt], width)
+    gen.sample = cond_sample if traced_cond else sampling.sample
+    jax.clear_caches()  # _generate retraces with the sampler installed
+    try:
+        args = (params, jnp.asarray(toks), jnp.asarray(lens), jnp.int32(lo), sampling.SamplingParams.make(),
+                jax.random.key(0))
+        compiled = gen._generate.lower(*args, cfg=cfg, capacity=capacity, eos_ids=()).compile()
+    finally:
+        gen.sample = sampling.sample
 
     def run(n):
-        nonlocal compiled
-        args = (params, jnp.asarray(toks), jnp.asarray(lens), jnp.int32(n), SamplingParams.make(), jax.random.key(0))
-        compiled = compiled or _generate.lower(*args, cfg=cfg, capacity=capacity, eos_ids=(), greedy=greedy).compile()
+        args = (params, jnp.asarray(toks), jnp.asarray(lens), jnp.int32(n), sampling.SamplingParams.make(),
+                jax.random.key(0))
         return common.median_seconds(lambda: jax.block_until_ready(compiled(*args)), repeats)
     return 1000 * (run(hi) - run(lo)) / (hi - lo)
 
@@ -85,9 +103,9 @@ def main():
                   flush=True)
     prompt = [np.random.default_rng(0).integers(10, cfg.vocab_size - 10, 128).tolist()]
     for _ in range(args.ar_rounds):
-        for greedy, name in ((None, "lax.cond greedy"), (True, "static greedy")):
+        for cond, name in ((True, "lax.cond greedy"), (False, "static greedy")):
             t0 = time.time()
-            print(f"| AR step | T=1 | {name} | {ar_step_ms(params, cfg, prompt[0], greedy):.4f} | "
+            print(f"| AR step | T=1 | {name} | {ar_step_ms(params, cfg, prompt[0], cond):.4f} | "
                   f"{time.time() - t0:.0f} |", flush=True)
     ecfg = eagle3.Eagle3Config(target=cfg, draft_vocab_size=12288)
     dp = {"params": eagle3.init_params(ecfg, jax.random.key(1), dtype=jnp.bfloat16),

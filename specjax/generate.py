@@ -77,17 +77,15 @@ def is_eos(tok: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
     return jnp.isin(tok, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else jnp.zeros(tok.shape, bool)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "capacity", "eos_ids", "greedy"))
+@functools.partial(jax.jit, static_argnames=("cfg", "capacity", "eos_ids"))
 def _generate(params, tokens_BT, prompt_len_B, max_new, sp: SamplingParams, key, *,
-              cfg: ModelConfig, capacity: int, eos_ids: tuple[int, ...], greedy: bool | None = None):
-    """``greedy`` (static): True/False fixes argmax or sampling at trace time; None decides on device per
-    step from ``sp.temperature`` (kept for comparison: slower on GPU, see ``sampling.sample``)."""
+              cfg: ModelConfig, capacity: int, eos_ids: tuple[int, ...]):
     B, T = tokens_BT.shape
     cache = kv.init_cache(cfg, B, capacity, params["embed"].dtype)
     logits_BNV, _, cache = model.forward(params, cfg, tokens_BT, cache, logits_index_BN=(prompt_len_B - 1)[:, None])
     cache = kv.set_lengths(cache, prompt_len_B)
     key, sub = jax.random.split(key)
-    tok_B = sample(sub, logits_BNV[:, 0], sp, greedy)
+    tok_B = sample(sub, logits_BNV[:, 0], sp)
     out_BM = jnp.zeros((B, capacity), jnp.int32).at[:, 0].set(tok_B)
     state = DecodeState(step=jnp.int32(1), last_B=tok_B, out_BM=out_BM, n_gen_B=jnp.ones((B,), jnp.int32),
                         done_B=is_eos(tok_B, eos_ids) | (max_new <= 1), cache=cache, key=key)
@@ -98,7 +96,7 @@ def _generate(params, tokens_BT, prompt_len_B, max_new, sp: SamplingParams, key,
     def body(s: DecodeState):
         logits_BTV, _, cache = model.forward(params, cfg, s.last_B[:, None], s.cache)
         key, sub = jax.random.split(s.key)
-        tok_B = sample(sub, logits_BTV[:, -1], sp, greedy)
+        tok_B = sample(sub, logits_BTV[:, -1], sp)
         live = ~s.done_B
         out_BM = s.out_BM.at[jnp.arange(B), s.n_gen_B].set(jnp.where(live, tok_B, 0))
         n_gen_B = s.n_gen_B + live.astype(jnp.int32)
@@ -141,8 +139,7 @@ def generate(params, cfg: ModelConfig, prompts: list[list[int]], *, max_new_toke
     toks, lens = pad_prompts(prompts, width)
     args = (params, jnp.asarray(toks), jnp.asarray(lens), jnp.int32(max_new_tokens), sp, jax.random.key(seed))
     t0 = time.perf_counter()
-    static = dict(cfg=cfg, capacity=capacity, eos_ids=eos, greedy=temperature == 0)
-    compiled = _generate.lower(*args, **static).compile()  # cached per bucket
+    compiled = _generate.lower(*args, cfg=cfg, capacity=capacity, eos_ids=eos).compile()  # cached per bucket
     t1 = time.perf_counter()
     out_BM, n_B = jax.device_get(compiled(*args))
     seconds = time.perf_counter() - t1

@@ -1,7 +1,10 @@
 """Logits -> probabilities (temperature, top-k, top-p), shared by decoding and verification.
 
-``SamplingParams`` is a pytree of traced scalars, so changing temperature/top-k/top-p never
-recompiles. temperature == 0 means greedy: ``probs`` then returns the one-hot argmax.
+``SamplingParams`` is a pytree of traced scalars, so changing temperature/top-k/top-p values never
+recompiles. temperature == 0 means greedy: ``probs`` then returns the one-hot argmax. Which path runs
+(greedy or sampling; top-k/top-p filtering or none) is fixed on the host, as two static fields, so a
+decode loop has no ``lax.cond`` per step: on GPU each one costs a predicate copy to the host
+(``benchmarks/NOTES.md`` item 17). Switching paths compiles a second program.
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ class SamplingParams:
     temperature: jax.Array  # float32 scalar, 0 = greedy
     top_k: jax.Array  # int32 scalar, 0 = off
     top_p: jax.Array  # float32 scalar in (0, 1], 1 = off
+    is_greedy: bool = dataclasses.field(default=False, metadata=dict(static=True))  # temperature == 0
+    is_filtered: bool = dataclasses.field(default=False, metadata=dict(static=True))  # top-k or top-p on
 
     @staticmethod
     def make(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0) -> "SamplingParams":
         validate(temperature, top_k, top_p)
-        return SamplingParams(jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p))
+        return SamplingParams(jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p),
+                              is_greedy=temperature == 0, is_filtered=top_k > 0 or top_p < 1)
 
 
 def validate(temperature: float, top_k: int, top_p: float) -> None:
@@ -32,10 +38,6 @@ def validate(temperature: float, top_k: int, top_p: float) -> None:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if top_k < 0:
         raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
-
-
-def greedy(sp: SamplingParams) -> jax.Array:
-    return sp.temperature <= 0
 
 
 def _top_k_top_p(x_NV: jax.Array, sp: SamplingParams) -> jax.Array:
@@ -55,37 +57,23 @@ def _top_k_top_p(x_NV: jax.Array, sp: SamplingParams) -> jax.Array:
 def filtered_logits(logits_NV: jax.Array, sp: SamplingParams) -> jax.Array:
     """Temperature-scaled logits with tokens outside top-k / top-p set to -inf (float32).
 
-    The vocabulary sort runs only when top-k or top-p is active (``lax.cond``)."""
+    The vocabulary sort runs only when top-k or top-p is on (``sp.is_filtered``)."""
     x = logits_NV.astype(jnp.float32) / jnp.maximum(sp.temperature, 1e-6)
-    active = (sp.top_k > 0) | (sp.top_p < 1)
-    return jax.lax.cond(active, _top_k_top_p, lambda x, sp: x, x, sp)
+    return _top_k_top_p(x, sp) if sp.is_filtered else x
 
 
 def probs(logits_NV: jax.Array, sp: SamplingParams) -> jax.Array:
     """The distribution tokens are drawn from: softmax of filtered logits, or one-hot argmax if greedy."""
-    def onehot(logits, sp):
-        return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
-
-    def soft(logits, sp):
-        return jax.nn.softmax(filtered_logits(logits, sp), axis=-1)
-    return jax.lax.cond(greedy(sp), onehot, soft, logits_NV, sp)
+    if sp.is_greedy:
+        return jax.nn.one_hot(jnp.argmax(logits_NV, axis=-1), logits_NV.shape[-1], dtype=jnp.float32)
+    return jax.nn.softmax(filtered_logits(logits_NV, sp), axis=-1)
 
 
-def sample(key: jax.Array, logits_NV: jax.Array, sp: SamplingParams, static_greedy: bool | None = None) -> jax.Array:
-    """Draw one token per row (argmax when greedy). Returns int32.
-
-    ``static_greedy`` True/False (a Python bool, static) picks the branch at trace time; None decides on
-    device from ``sp.temperature`` with a ``lax.cond`` (one program for both; only the taken branch
-    runs). Decode loops pass the static form: on GPU a ``lax.cond`` inside a ``while_loop`` body costs
-    each step a predicate copy to the host (benchmarks/NOTES.md item 17)."""
-    def argmax(key, logits, sp):
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-
-    def draw(key, logits, sp):
-        return jax.random.categorical(key, filtered_logits(logits, sp), axis=-1).astype(jnp.int32)
-    if static_greedy is not None:
-        return (argmax if static_greedy else draw)(key, logits_NV, sp)
-    return jax.lax.cond(greedy(sp), argmax, draw, key, logits_NV, sp)
+def sample(key: jax.Array, logits_NV: jax.Array, sp: SamplingParams) -> jax.Array:
+    """Draw one token per row (argmax when greedy). Returns int32."""
+    if sp.is_greedy:
+        return jnp.argmax(logits_NV, axis=-1).astype(jnp.int32)
+    return jax.random.categorical(key, filtered_logits(logits_NV, sp), axis=-1).astype(jnp.int32)
 
 
 def sample_from_probs(key: jax.Array, p_NV: jax.Array) -> jax.Array:
