@@ -39,16 +39,17 @@ step() {
   grep -v -i "deprecat" "$raw" | tail -n "$lines"
 }
 
-# The SmolLM2 GGUF (98 MB) cannot travel in one call (64 MiB with the ~45 MB working tree). Locally:
-# `split -b 20000000 -d -a 2 GGUF smol.part` and part NN into .carry/pNN/ (ignored). One call per part 00-03
-# runs `stage_part NN` (carry .carry/pNN), copying it outside the repo; the call that needs the model
-# carries .carry/p04 and runs `join_gguf DEST`, which joins the five and checks the sha256.
+# The SmolLM2 GGUF (98 MB) cannot travel in one call (64 MiB with the ~50 MB working tree). Locally:
+# `split -b 16000000 -d -a 2 GGUF smol.part` and part NN into .carry/pNN/ (ignored; 00-06). One call per part but
+# the last runs `stage_part NN` (carry .carry/pNN), copying it outside the repo; the call that needs the model
+# carries the last part and runs `join_gguf DEST`, which joins the staged parts and the carried one and checks
+# the sha256.
 GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 stage_part() {
   mkdir -p /root/stage && cp ".carry/p$1/smol.part$1" /root/stage/ && ls -l /root/stage
 }
 join_gguf() {
   mkdir -p "$(dirname "$1")"
-  [ -f "$1" ] || cat /root/stage/smol.part0{0..3} .carry/p04/smol.part04 > "$1"
+  [ -f "$1" ] || cat /root/stage/smol.part* .carry/p*/smol.part* > "$1"
   echo "$GGUF_SHA256  $1" | sha256sum -c - || { rm -f "$1"; return 1; }
 }
