@@ -6,7 +6,8 @@ from scipy import stats
 
 from specjax import cache as kv
 from specjax import config, model
-from specjax.generate import generate
+from specjax.generate import _generate, generate
+from specjax.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +65,17 @@ def test_max_new_tokens_is_traced_and_respected(tiny):
     b = generate(params, cfg, [[1, 2, 3]], max_new_tokens=9, eos_token_ids=())
     assert len(a.output_ids[0]) == 5 and len(b.output_ids[0]) == 9
     assert b.output_ids[0][:5] == a.output_ids[0]
+
+
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.8), dict(temperature=0.8, top_k=5, top_p=0.9)])
+def test_decode_loop_has_no_per_step_cond(tiny, sampling):
+    """Greedy vs sampling and the top-k/top-p filter are fixed on the host: a lax.cond in the loop body
+    costs each step a predicate copy to the host on GPU (benchmarks/NOTES.md item 18)."""
+    cfg, params = tiny
+    jaxpr = jax.make_jaxpr(lambda sp: _generate(params, jnp.ones((1, 4), jnp.int32), jnp.array([4]), jnp.int32(5),
+                                                sp, jax.random.key(0), cfg=cfg, capacity=16, eos_ids=(2,)))
+    text = str(jaxpr(SamplingParams.make(**sampling)))
+    assert "while[" in text and "cond[" not in text
 
 
 def test_fixed_seed_reproduces(tiny):

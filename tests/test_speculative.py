@@ -113,6 +113,18 @@ def test_capacity_guard_inside_the_jit(tiny, ar):
     assert out == generate(params, cfg, [PROMPTS[1]], max_new_tokens=len(out), eos_token_ids=()).output_ids[0]
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_cycle_has_no_per_step_cond(tiny, temperature):
+    """As for AR (tests/test_generate.py): no lax.cond inside the speculative while loop."""
+    cfg, params, dcfg, dparams = tiny
+    sp = SamplingParams.make(temperature, top_p=0.9)
+    kw = dict(cfg=cfg, drafter=DraftModel(dcfg), eos_ids=(2,))
+    state = loop.prefill(params, dparams, jnp.array([[5, 6, 7, 0]], jnp.int32), jnp.array([3]), jnp.int32(8), sp,
+                         jax.random.key(0), capacity=32, num_draft=3, **kw)
+    text = str(jax.make_jaxpr(lambda s: loop.decode(params, dparams, s, sp, greedy=temperature == 0, **kw))(state))
+    assert "while[" in text and "cond[" not in text
+
+
 def test_fixed_seed_reproduces(tiny):
     cfg, params, _, _ = tiny
     kw = dict(num_draft=3, max_new_tokens=MAX_NEW, temperature=1.0, top_p=0.9, eos_token_ids=())
