@@ -120,5 +120,6 @@ def main():
         tau = (256 - 64) / (cycles[256] - cycles[64])
         print(f"| cycle (tokens/cycle {tau:.3f}) | K={K} | default | {ms:.4f} | {time.time() - t0:.0f} |", flush=True)
 
+
 if __name__ == "__main__":
     main()

@@ -4,7 +4,7 @@
 recompiles. temperature == 0 means greedy: ``probs`` then returns the one-hot argmax. Which path runs
 (greedy or sampling; top-k/top-p filtering or none) is fixed on the host, as two static fields, so a
 decode loop has no ``lax.cond`` per step: on GPU each one costs a predicate copy to the host
-(``benchmarks/NOTES.md`` item 17). Switching paths compiles a second program.
+(``benchmarks/NOTES.md`` item 18). Switching paths compiles a second program.
 """
 
 from __future__ import annotations
