@@ -1,6 +1,7 @@
 """Probe (GPU): where a speculative cycle's time goes, SmolLM2 shape, random bf16 weights, B=1.
 
     PYTHONPATH=.:benchmarks python3 benchmarks/verify_cost_probe.py [--ts 1,8] [--ks 1,3,7] [--ar-rounds 3]
+        [--ar-unroll 1,2,4]
 
 1. ``forward`` ms per call of the target at T new tokens against a 512-slot cache (the verify forward is
    T = K+1; T = 1 is an AR step), run N times inside one jit'ed ``fori_loop``: (t(N=160) - t(N=40)) / 120.
@@ -14,7 +15,8 @@
    fixed on the host, ``SamplingParams.is_greedy``) and with the per-step ``lax.cond`` on the temperature
    that it had before 2026-11-27 (``cond_sample`` patched in), alternating. The results file
    ``verify_cost_probe_H200_2026-11-27_ar.txt`` came from commit 508409e, where ``_generate`` took the
-   choice as a static argument instead; the programs compared are the same.
+   choice as a static argument instead; the programs compared are the same. ``--ar-unroll 2,4`` adds the
+   static-greedy loop with 2 and 4 steps per ``while_loop`` iteration (``_generate(unroll=...)``; not run yet).
 """
 from __future__ import annotations
 
@@ -65,7 +67,7 @@ def cond_sample(key, logits_NV, sp):
     return jax.lax.cond(sp.temperature <= 0, argmax, draw, key, logits_NV)
 
 
-def ar_step_ms(params, cfg, prompt, traced_cond: bool, lo=64, hi=256, repeats=3) -> float:
+def ar_step_ms(params, cfg, prompt, traced_cond: bool, unroll: int = 1, lo=64, hi=256, repeats=3) -> float:
     """Greedy AR ms/token of ``generate._generate``, as it is or with ``cond_sample`` patched in."""
     width, capacity = gen.bucket_shapes([prompt], hi, 0)
     toks, lens = gen.pad_prompts([prompt], width)
@@ -74,7 +76,7 @@ def ar_step_ms(params, cfg, prompt, traced_cond: bool, lo=64, hi=256, repeats=3)
     try:
         args = (params, jnp.asarray(toks), jnp.asarray(lens), jnp.int32(lo), sampling.SamplingParams.make(),
                 jax.random.key(0))
-        compiled = gen._generate.lower(*args, cfg=cfg, capacity=capacity, eos_ids=()).compile()
+        compiled = gen._generate.lower(*args, cfg=cfg, capacity=capacity, eos_ids=(), unroll=unroll).compile()
     finally:
         gen.sample = sampling.sample
 
@@ -90,6 +92,7 @@ def main():
     ap.add_argument("--ks", default="3,7")
     ap.add_argument("--ts", default="1,8")
     ap.add_argument("--ar-rounds", type=int, default=2, help="alternating rounds of AR with a static / a traced greedy")
+    ap.add_argument("--ar-unroll", default="1", help="also AR (static greedy) with these steps per while iteration")
     args = ap.parse_args()
     cfg = bench_decode.SMOLLM2_SHAPE
     params = model.init_params(cfg, jax.random.key(0), dtype=jnp.bfloat16)
@@ -103,9 +106,11 @@ def main():
                   flush=True)
     prompt = [np.random.default_rng(0).integers(10, cfg.vocab_size - 10, 128).tolist()]
     for _ in range(args.ar_rounds):
-        for cond, name in ((True, "lax.cond greedy"), (False, "static greedy")):
+        variants = [(True, 1, "lax.cond greedy"), (False, 1, "static greedy")] + [
+            (False, u, f"static greedy, unroll {u}") for u in map(int, args.ar_unroll.split(",")) if u != 1]
+        for cond, unroll, name in variants:
             t0 = time.time()
-            print(f"| AR step | T=1 | {name} | {ar_step_ms(params, cfg, prompt[0], cond):.4f} | "
+            print(f"| AR step | T=1 | {name} | {ar_step_ms(params, cfg, prompt[0], cond, unroll):.4f} | "
                   f"{time.time() - t0:.0f} |", flush=True)
     ecfg = eagle3.Eagle3Config(target=cfg, draft_vocab_size=12288)
     dp = {"params": eagle3.init_params(ecfg, jax.random.key(1), dtype=jnp.bfloat16),

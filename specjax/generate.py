@@ -77,9 +77,12 @@ def is_eos(tok: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
     return jnp.isin(tok, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else jnp.zeros(tok.shape, bool)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "capacity", "eos_ids"))
+@functools.partial(jax.jit, static_argnames=("cfg", "capacity", "eos_ids", "unroll"))
 def _generate(params, tokens_BT, prompt_len_B, max_new, sp: SamplingParams, key, *,
-              cfg: ModelConfig, capacity: int, eos_ids: tuple[int, ...]):
+              cfg: ModelConfig, capacity: int, eos_ids: tuple[int, ...], unroll: int = 1):
+    """``unroll`` steps per ``while_loop`` iteration (the loop's predicate goes to the host once per
+    iteration on GPU); steps past the end leave finished sequences as they are. An experiment for
+    ``benchmarks/verify_cost_probe.py`` (benchmarks/NOTES.md item 18), not measured yet: default 1."""
     B, T = tokens_BT.shape
     cache = kv.init_cache(cfg, B, capacity, params["embed"].dtype)
     logits_BNV, _, cache = model.forward(params, cfg, tokens_BT, cache, logits_index_BN=(prompt_len_B - 1)[:, None])
@@ -105,7 +108,12 @@ def _generate(params, tokens_BT, prompt_len_B, max_new, sp: SamplingParams, key,
         return DecodeState(step=s.step + 1, last_B=tok_B, out_BM=out_BM, n_gen_B=n_gen_B, done_B=done_B,
                            cache=cache, key=key)
 
-    final = jax.lax.while_loop(cond, body, state)
+    def body_unrolled(s: DecodeState):
+        for _ in range(unroll):
+            s = body(s)
+        return s
+
+    final = jax.lax.while_loop(cond, body_unrolled, state)
     return final.out_BM, final.n_gen_B
 
 

@@ -16,11 +16,16 @@ def tiny():
     return cfg, model.init_params(cfg, jax.random.key(0), scale=0.1)
 
 
-def naive_greedy(params, cfg, prompt, n):
+_full_logits = jax.jit(lambda params, toks, cfg: model.forward(params, cfg, toks)[0][0], static_argnums=2)
+
+
+def naive_greedy(params, cfg, prompt, n, width=48):
+    """Greedy by a full forward per token, no cache. The sequence is right-padded to ``width`` so that
+    one compilation serves every length (attention is causal: the padding cannot reach earlier rows)."""
     toks = list(prompt)
     for _ in range(n):
-        logits, _, _ = model.forward(params, cfg, jnp.array([toks]))
-        toks.append(int(jnp.argmax(logits[0, -1])))
+        logits = _full_logits(params, jnp.array([toks + [0] * (width - len(toks))]), cfg)
+        toks.append(int(jnp.argmax(logits[len(toks) - 1])))
     return toks[len(prompt):]
 
 
@@ -57,6 +62,22 @@ def test_eos_stops_each_sequence(tiny):
         stop = ref.index(eos) + 1 if eos in ref else len(ref)  # EOS included, nothing after it
         assert got == ref[:stop]
     assert len(out.output_ids[0]) <= 3
+
+
+@pytest.mark.parametrize("unroll", [2, 3])
+def test_unrolled_loop_equals_one_step_per_iteration(tiny, unroll):
+    """Steps past a sequence's end (EOS or budget) inside an unrolled iteration change nothing."""
+    cfg, params = tiny
+    toks, lens = jnp.array([[5, 6, 7, 8, 9], [3, 4, 0, 0, 0]], jnp.int32), jnp.array([5, 2])
+    free = generate(params, cfg, [[5, 6, 7, 8, 9], [3, 4]], max_new_tokens=8, eos_token_ids=()).output_ids
+    for max_new, eos in [(8, ()), (7, (free[0][2],)), (1, ())]:
+        args = (params, toks, lens, jnp.int32(max_new), SamplingParams.make(), jax.random.key(0))
+        ref = _generate(*args, cfg=cfg, capacity=16, eos_ids=eos)
+        got = _generate(*args, cfg=cfg, capacity=16, eos_ids=eos, unroll=unroll)
+        np.testing.assert_array_equal(got[1], ref[1])
+        for b in range(2):
+            np.testing.assert_array_equal(got[0][b, :int(ref[1][b])], ref[0][b, :int(ref[1][b])])
+    assert int(ref[1][0]) == 1  # the last case: one token, inside the prefill
 
 
 def test_max_new_tokens_is_traced_and_respected(tiny):
