@@ -80,9 +80,9 @@ def is_eos(tok: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
 @functools.partial(jax.jit, static_argnames=("cfg", "capacity", "eos_ids", "unroll"))
 def _generate(params, tokens_BT, prompt_len_B, max_new, sp: SamplingParams, key, *,
               cfg: ModelConfig, capacity: int, eos_ids: tuple[int, ...], unroll: int = 1):
-    """``unroll`` steps per ``while_loop`` iteration (the loop's predicate goes to the host once per
-    iteration on GPU); steps past the end leave finished sequences as they are. An experiment for
-    ``benchmarks/verify_cost_probe.py`` (benchmarks/NOTES.md item 18), not measured yet: default 1."""
+    """``unroll`` steps per ``while_loop`` iteration (fewer iterations: fewer loop-predicate checks); steps
+    past the end leave finished sequences as they are. An experiment for ``benchmarks/verify_cost_probe.py``
+    (benchmarks/NOTES.md item 18), not measured yet: default 1."""
     B, T = tokens_BT.shape
     cache = kv.init_cache(cfg, B, capacity, params["embed"].dtype)
     logits_BNV, _, cache = model.forward(params, cfg, tokens_BT, cache, logits_index_BN=(prompt_len_B - 1)[:, None])

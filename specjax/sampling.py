@@ -3,8 +3,8 @@
 ``SamplingParams`` is a pytree of traced scalars, so changing temperature/top-k/top-p values never
 recompiles. temperature == 0 means greedy: ``probs`` then returns the one-hot argmax. Which path runs
 (greedy or sampling; top-k/top-p filtering or none) is fixed on the host, as two static fields, so a
-decode loop has no ``lax.cond`` per step: on GPU each one costs a predicate copy to the host
-(``benchmarks/NOTES.md`` item 18). Switching paths compiles a second program.
+decode loop has no ``lax.cond`` per step: on an H200 the one that chose greedy per step cost 40 us of
+a 0.68 ms step (``benchmarks/NOTES.md`` item 18). Switching paths compiles a second program.
 """
 
 from __future__ import annotations
