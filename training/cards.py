@@ -52,6 +52,14 @@ def _heldout_line(h: dict | None) -> str:
             + ", ".join(f"{a:.2f}" for a in h["acc_k"]) + ".")
 
 
+def _throughput(rec: dict) -> str:
+    if not rec.get("train_seconds"):
+        return ""
+    rate = rec["steps"] * rec["batch_size"] * rec["seq_len"] / rec["train_seconds"]
+    return (f" ({rate / 1e3:.0f}k token positions/s: steps x batch x sequence length over that wall time, which "
+            "includes compilation and the held-out scoring)")
+
+
 def card(kind: str, rec: dict, results: dict) -> str:
     title, what = _WHAT[kind]
     what = what.format(ttt=results["preset"].get("ttt_steps"))
@@ -73,7 +81,8 @@ def card(kind: str, rec: dict, results: dict) -> str:
         "## Training",
         f"{rec['steps']} steps (of {rec.get('planned_steps', rec['steps'])} planned), batch {rec['batch_size']} x "
         f"{rec['seq_len']} tokens, AdamW lr {rec['lr']} (warmup + cosine, global-norm clipping), fp32 master weights, "
-        f"{results['preset']['dtype']} compute, {rec['train_seconds']} s on {results['hardware']}. Final loss "
+        f"{results['preset']['dtype']} compute, {rec['train_seconds']} s on {results['hardware']}"
+        f"{_throughput(rec)}. Final loss "
         f"{final.get('loss', float('nan')):.3f}; acceptance proxy per offset (head argmax == target argmax): "
         f"{acc}.{_heldout_line(rec.get('heldout'))}", "",
         f"## tau (greedy, K={rec['num_draft']}, through specjax's speculative loop, eval set {results['eval_set']})",
