@@ -108,7 +108,7 @@ def test_capacity_guard_inside_the_jit(tiny, ar):
     state = loop.prefill(params, None, toks, jnp.array([2]), jnp.int32(100), sp, jax.random.key(0),
                          capacity=capacity, num_draft=K, **kw)
     assert int(state.budget_B[0]) == capacity - K - 1 - 2
-    state = loop.decode(params, None, state, sp, greedy=True, **kw)
+    state = loop.decode(params, None, state, sp, **kw)
     out = loop.outputs(state, [2])[0]
     assert out == generate(params, cfg, [PROMPTS[1]], max_new_tokens=len(out), eos_token_ids=()).output_ids[0]
 
@@ -121,7 +121,7 @@ def test_cycle_has_no_per_step_cond(tiny, temperature):
     kw = dict(cfg=cfg, drafter=DraftModel(dcfg), eos_ids=(2,))
     state = loop.prefill(params, dparams, jnp.array([[5, 6, 7, 0]], jnp.int32), jnp.array([3]), jnp.int32(8), sp,
                          jax.random.key(0), capacity=32, num_draft=3, **kw)
-    text = str(jax.make_jaxpr(lambda s: loop.decode(params, dparams, s, sp, greedy=temperature == 0, **kw))(state))
+    text = str(jax.make_jaxpr(lambda s: loop.decode(params, dparams, s, sp, **kw))(state))
     assert "while[" in text and "cond[" not in text
 
 

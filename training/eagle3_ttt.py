@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from specjax import model
 from specjax.heads import eagle3
 
 
@@ -66,8 +68,6 @@ def ttt_logits(params: dict, cfg: eagle3.Eagle3Config, embed_VD: jax.Array, toke
 def greedy_drafts(tp: dict, cfg: eagle3.Eagle3Config, dp: dict, text_T, num_steps: int):
     """Target-vocabulary argmax drafts ``[num_steps, T]`` (numpy) of ``ttt_logits`` over one token
     sequence, with the target's features from ``tp`` and the head ``dp = {"params", "draft_ids"}``."""
-    import numpy as np
-    from specjax import model
     toks_1T = jnp.asarray(text_T, jnp.int32)[None]
     _, taps, _ = model.forward(tp, cfg.target, toks_1T, taps=cfg.taps)
     steps = ttt_logits(dp["params"], cfg, tp["embed"], toks_1T, taps, num_steps)

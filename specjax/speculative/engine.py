@@ -81,7 +81,7 @@ def speculative_generate(params: dict, cfg: ModelConfig, prompts: list[list[int]
     prefill = loop.prefill.lower(*pre_args, capacity=capacity, num_draft=K, **static).compile()
     decode_jit = loop.decode_donating if jax.default_backend() != "cpu" else loop.decode
     state_shape = jax.eval_shape(pre_fn, *pre_args)
-    decode = decode_jit.lower(params, draft_params, state_shape, sp, greedy=temperature == 0, **static).compile()
+    decode = decode_jit.lower(params, draft_params, state_shape, sp, **static).compile()
     t1 = time.perf_counter()
     state = prefill(*pre_args)
     jax.block_until_ready(state.last_B)

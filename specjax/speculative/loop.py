@@ -81,8 +81,9 @@ def _write_rows(history_BS: jax.Array, new_BN: jax.Array, start_B: jax.Array) ->
     return jax.vmap(lambda h_S, x_N, s: jax.lax.dynamic_update_slice(h_S, x_N, (s,)))(history_BS, new_BN, start_B)
 
 
-def _cycle(tp, dp, s: SpecState, sp, cfg, drafter, eos_ids, greedy) -> SpecState:
+def _cycle(tp, dp, s: SpecState, sp, cfg, drafter, eos_ids) -> SpecState:
     B, K = s.accepted_BK.shape
+    greedy = sp.is_greedy  # static: fixed on the host by SamplingParams.make
     key_draft, key_verify = jax.random.split(jax.random.fold_in(s.key, s.cycle))
     L_B = s.cache.lengths_B
     ctx = Context(s.history_BS, L_B, s.last_B, key_draft, sp, num_draft=K, greedy=greedy)
@@ -113,13 +114,13 @@ def _cycle(tp, dp, s: SpecState, sp, cfg, drafter, eos_ids, greedy) -> SpecState
 
 
 def _decode(tp: dict, dp: Any, state: SpecState, sp: SamplingParams, *, cfg: ModelConfig, drafter: Drafter,
-            eos_ids: tuple[int, ...], greedy: bool) -> SpecState:
+            eos_ids: tuple[int, ...]) -> SpecState:
     """Run cycles until every sequence is done (each live cycle emits >= 1 token, so this ends)."""
-    body = functools.partial(_cycle, tp, dp, sp=sp, cfg=cfg, drafter=drafter, eos_ids=eos_ids, greedy=greedy)
+    body = functools.partial(_cycle, tp, dp, sp=sp, cfg=cfg, drafter=drafter, eos_ids=eos_ids)
     return jax.lax.while_loop(lambda s: ~jnp.all(s.done_B), body, state)
 
 
-_STATIC = ("cfg", "drafter", "eos_ids", "greedy")
+_STATIC = ("cfg", "drafter", "eos_ids")
 decode = jax.jit(_decode, static_argnames=_STATIC)
 decode_donating = jax.jit(_decode, static_argnames=_STATIC, donate_argnames=("state",))  # no cache copies on GPU
 
