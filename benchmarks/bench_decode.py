@@ -1,12 +1,13 @@
 """Autoregressive decode ms/token at B=1 and B=8 vs the HBM roofline, plus HF transformers greedy.
 
     python benchmarks/bench_decode.py [--gguf PATH] [--hf-prompts N] [--models 8b,smollm-shape,smollm-gguf] \
-        [--compute param|float32]
+        [--compute param|float32] [--unroll 1,4]
 
 ms/token is the slope between two runs of the same compiled loop (max_new_tokens is traced), so
 prefill and compilation drop out. Roofline = weight bytes read per step / copy bandwidth measured
 in the same run. ``--compute float32``: float32 matmul operands with the bf16 weights upcast inside
-each product (``ModelConfig.compute_dtype``; the roofline's weight bytes are unchanged). Writes
+each product (``ModelConfig.compute_dtype``; the roofline's weight bytes are unchanged). ``--unroll``
+compares decode steps per ``while_loop`` iteration in the same process (default: ``generate``'s). Writes
 benchmarks/results/decode_<device>_<date>[_f32compute]<tag>.{json,md}; the JSON records the mode.
 """
 
@@ -22,7 +23,7 @@ import numpy as np
 import common
 import hf_baseline
 from specjax import config, model
-from specjax.generate import generate
+from specjax.generate import default_unroll, generate
 
 
 SMOLLM2_SHAPE = config.ModelConfig(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536,
@@ -38,25 +39,28 @@ def weight_bytes(params: dict, cfg) -> int:
     return n
 
 
-def decode_ms_per_token(params, cfg, batch: int, prompt_len: int, n_lo: int, n_hi: int, repeats: int = 3):
+def decode_ms_per_token(params, cfg, batch: int, prompt_len: int, n_lo: int, n_hi: int, repeats: int = 3,
+                        unroll: int | None = None):
     rng = np.random.default_rng(0)
     prompts = [rng.integers(10, cfg.vocab_size - 10, prompt_len).tolist() for _ in range(batch)]
 
     def run(n):
-        times = [generate(params, cfg, prompts, max_new_tokens=n, eos_token_ids=()).seconds for _ in range(repeats + 1)]
+        times = [generate(params, cfg, prompts, max_new_tokens=n, eos_token_ids=(), unroll=unroll).seconds
+                 for _ in range(repeats + 1)]
         return float(np.median(times[1:]))
     lo, hi = run(n_lo), run(n_hi)
     return 1000 * (hi - lo) / (n_hi - n_lo)
 
 
-def bench_model(name, params, cfg, bw, prompt_len, n_lo, n_hi):
+def bench_model(name, params, cfg, bw, prompt_len, n_lo, n_hi, unrolls=(None,)):
+    """Rows for B=1 and B=8, one per ``unroll`` (None: ``generate``'s default)."""
     rows = []
     wb = weight_bytes(params, cfg)
-    for batch in (1, 8):
-        ms = decode_ms_per_token(params, cfg, batch, prompt_len, n_lo, n_hi)
-        roof = 1000 * wb / bw
-        rows.append({"model": name, "B": batch, "ms_per_token": ms, "roofline_ms": roof,
-                     "pct_roofline": 100 * roof / ms, "tokens_per_s": 1000 * batch / ms,
+    roof = 1000 * wb / bw
+    for batch, unroll in [(b, u) for b in (1, 8) for u in unrolls]:
+        ms = decode_ms_per_token(params, cfg, batch, prompt_len, n_lo, n_hi, unroll=unroll)
+        rows.append({"model": name, "B": batch, "unroll": unroll or default_unroll(), "ms_per_token": ms,
+                     "roofline_ms": roof, "pct_roofline": 100 * roof / ms, "tokens_per_s": 1000 * batch / ms,
                      "prompt_len": prompt_len, "weight_GB": wb / 1e9})
         print(rows[-1], flush=True)
     return rows
@@ -69,12 +73,15 @@ def main():
     ap.add_argument("--hf-prompts", type=int, default=10, help="MT-bench prompts for the HF comparison")
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--models", default="8b,smollm-gguf", help="comma list of 8b, smollm-shape, smollm-gguf")
+    ap.add_argument("--unroll", default="", help="comma list of decode steps per loop iteration to compare "
+                    "(default: only specjax.generate.default_unroll())")
     ap.add_argument("--tag", default="", help="suffix for the results file name (e.g. an XLA flag variant)")
     ap.add_argument("--compute", choices=config.COMPUTE_DTYPES, default="param",
                     help="matmul operand dtype: param (bf16, default) or float32 (bf16 weights upcast inside "
                          "each product; slower); recorded in the results file name (_f32compute) and JSON")
     args = ap.parse_args()
     models = args.models.split(",")
+    unrolls = tuple(int(u) for u in args.unroll.split(",") if u) or (None,)
     res = common.header()
     res["xla_flags"] = __import__("os").environ.get("XLA_FLAGS", "")
     res["compute_dtype"] = args.compute
@@ -86,12 +93,12 @@ def main():
     if "smollm-shape" in models:
         cfgs = SMOLLM2_SHAPE.replace(compute_dtype=args.compute)
         ps = model.init_params(cfgs, jax.random.key(0), dtype=jnp.bfloat16)
-        rows += bench_model("smollm2-135m-shape (random)", ps, cfgs, bw, prompt_len=128, n_lo=64, n_hi=256)
+        rows += bench_model("smollm2-135m-shape (random)", ps, cfgs, bw, prompt_len=128, n_lo=64, n_hi=256, unrolls=unrolls)
         del ps
     if "8b" in models:
         cfg8 = config.llama3_8b_shape().replace(compute_dtype=args.compute)
         p8 = model.init_params(cfg8, jax.random.key(0), dtype=jnp.bfloat16)
-        rows += bench_model("llama3-8b-shape (random)", p8, cfg8, bw, prompt_len=1024, n_lo=64, n_hi=512)
+        rows += bench_model("llama3-8b-shape (random)", p8, cfg8, bw, prompt_len=1024, n_lo=64, n_hi=512, unrolls=unrolls)
         del p8
     if "smollm-gguf" in models:
         from specjax.loading import load_model
@@ -99,7 +106,8 @@ def main():
         path = args.gguf or str(assets.resolve_model("smollm2-135m-instruct"))
         cfg, params = load_model(path, jnp.bfloat16)
         cfg = cfg.replace(compute_dtype=args.compute)
-        rows += bench_model("smollm2-135m (GGUF, bf16)", params, cfg, bw, prompt_len=128, n_lo=64, n_hi=256)
+        rows += bench_model("smollm2-135m (GGUF, bf16)", params, cfg, bw, prompt_len=128, n_lo=64, n_hi=256,
+                            unrolls=unrolls)
         if args.prompts:
             prompts = json.load(open(args.prompts))[: args.hf_prompts]
             ours = [generate(params, cfg, [p], max_new_tokens=args.max_new, eos_token_ids=(), pad_to=512)
@@ -115,7 +123,7 @@ def main():
     md = (f"# AR decode on {res['device_kind']} (jax {res['jax']}, {res['date']}), compute {args.compute}\n\n"
           f"XLA_FLAGS={res['xla_flags']!r}\n\n"
           f"HBM bandwidth (max of copy and read, same run) {bw / 1e9:.0f} GB/s\n\n"
-          + common.md_table(rows, ["model", "B", "ms_per_token", "roofline_ms", "pct_roofline", "tokens_per_s"]))
+          + common.md_table(rows, ["model", "B", "unroll", "ms_per_token", "roofline_ms", "pct_roofline", "tokens_per_s"]))
     if "mtbench_greedy" in res:
         g = res["mtbench_greedy"]
         md += (f"\nMT-bench greedy, {g['prompts']} prompts x {g['max_new_tokens']} tokens, B=1: specjax "

@@ -10,7 +10,8 @@
 2. ``cycle`` ms of ``speculative_generate`` with a random EAGLE-3 head (12288-token draft vocabulary):
    it accepts ~nothing; ms/cycle = the difference of a 256- and a 64-token run over the difference of their
    cycle counts. cycle(K) - forward(K+1) is the drafter (K-1 chained head steps + one (K+1)-row update)
-   plus the loop's bookkeeping.
+   plus the loop's bookkeeping. ``--drafters eagle3,ngram`` adds the same with the n-gram drafter (no model
+   call), whose cycle minus forward(K+1) is the loop's bookkeeping plus a cheap proposal.
 3. Greedy AR ms/token (``generate._generate``, 256- minus 64-token runs) with the sampler as it is (greedy
    fixed on the host, ``SamplingParams.is_greedy``) and with the per-step ``lax.cond`` on the temperature
    that it had before 2026-11-27 (``cond_sample`` patched in), alternating. The results file
@@ -34,8 +35,9 @@ import common
 from specjax import cache as kv
 from specjax import model, sampling
 from specjax.heads import eagle3
-from specjax.speculative import speculative_generate
+from specjax.speculative import loop, speculative_generate
 from specjax.speculative.drafters.eagle3 import Eagle3
+from specjax.speculative.drafters.ngram import NGram
 
 gen = importlib.import_module("specjax.generate")  # the module (the package exports a function of that name)
 VARIANTS = {"default": None, "triton_gemm_off": {"xla_gpu_enable_triton_gemm": False}}
@@ -88,10 +90,24 @@ def ar_step_ms(params, cfg, prompt, traced_cond: bool, unroll: int = 1, lo=64, h
     return 1000 * (run(hi) - run(lo)) / (hi - lo)
 
 
+def unrolled_decode(n: int):
+    """``loop.decode_donating`` with n cycles per ``while_loop`` iteration (a cycle of finished rows changes
+    nothing but the cycle counter), for the spec-loop variant of the AR unroll question."""
+    def _decode(tp, dp, state, sp, *, cfg, drafter, eos_ids):
+        def body(s):
+            for _ in range(n):
+                s = loop._cycle(tp, dp, s, sp, cfg, drafter, eos_ids)
+            return s
+        return jax.lax.while_loop(lambda s: ~jnp.all(s.done_B), body, state)
+    return jax.jit(_decode, static_argnames=("cfg", "drafter", "eos_ids"), donate_argnames=("state",))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ks", default="3,7")
     ap.add_argument("--ts", default="1,8")
+    ap.add_argument("--drafters", default="eagle3", help="cycles with these drafters (eagle3, ngram)")
+    ap.add_argument("--spec-unroll", default="1", help="cycles with these cycles per while iteration")
     ap.add_argument("--ar-rounds", type=int, default=2, help="alternating rounds of AR with a static / a traced greedy")
     ap.add_argument("--ar-unroll", default="1", help="also AR (static greedy) with these steps per while iteration")
     args = ap.parse_args()
@@ -116,15 +132,21 @@ def main():
     ecfg = eagle3.Eagle3Config(target=cfg, draft_vocab_size=12288)
     dp = {"params": eagle3.init_params(ecfg, jax.random.key(1), dtype=jnp.bfloat16),
           "draft_ids": jnp.arange(12288, dtype=jnp.int32)}
-    for K in [int(k) for k in args.ks.split(",") if k]:
+    drafters = {"eagle3": (Eagle3(ecfg), dp), "ngram": (NGram(), None)}
+    original = loop.decode_donating
+    for name, K, u in [(d, int(k), int(u)) for u in args.spec_unroll.split(",") for d in args.drafters.split(",")
+                       if d for k in args.ks.split(",") if k]:
         t0 = time.time()
-        runs = {n: [speculative_generate(params, cfg, prompt, Eagle3(ecfg), dp, num_draft=K, max_new_tokens=n,
+        drafter, d_params = drafters[name]
+        loop.decode_donating = original if u == 1 else unrolled_decode(u)
+        name = name if u == 1 else f"{name} unroll {u}"
+        runs = {n: [speculative_generate(params, cfg, prompt, drafter, d_params, num_draft=K, max_new_tokens=n,
                                          eos_token_ids=(), capacity=512) for _ in range(4)][1:] for n in (64, 256)}
         cycles = {n: int(r[0].stats.cycles_B.sum()) for n, r in runs.items()}
         secs = {n: float(np.median([x.seconds for x in r])) for n, r in runs.items()}
         ms = 1000 * (secs[256] - secs[64]) / (cycles[256] - cycles[64])
         tau = (256 - 64) / (cycles[256] - cycles[64])
-        print(f"| cycle (tokens/cycle {tau:.3f}) | K={K} | default | {ms:.4f} | {time.time() - t0:.0f} |", flush=True)
+        print(f"| {name} cycle (tokens/cycle {tau:.3f}) | K={K} | default | {ms:.4f} | {time.time() - t0:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -77,12 +77,23 @@ def is_eos(tok: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
     return jnp.isin(tok, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else jnp.zeros(tok.shape, bool)
 
 
+def default_unroll() -> int:
+    """Decode steps per ``while_loop`` iteration: 4 on GPUs, 1 elsewhere.
+
+    On an H200 (SmolLM2 shape, B=1, one process, two rounds; ``benchmarks/verify_cost_probe.py``,
+    ``results/verify_cost_probe_H200_2026-11-27_unroll.txt``): 0.630 / 0.625 ms per token with 1 step per
+    iteration, 0.616 / 0.617 with 2 and 0.609 / 0.616 with 4. On CPU, unrolling only lengthens compilation.
+    Outputs do not depend on it (``tests/test_generate.py``)."""
+    return 4 if jax.default_backend() == "gpu" else 1
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "capacity", "eos_ids", "unroll"))
 def _generate(params, tokens_BT, prompt_len_B, max_new, sp: SamplingParams, key, *,
               cfg: ModelConfig, capacity: int, eos_ids: tuple[int, ...], unroll: int = 1):
-    """``unroll`` steps per ``while_loop`` iteration (fewer iterations: fewer loop-predicate checks); steps
-    past the end leave finished sequences as they are. An experiment for ``benchmarks/verify_cost_probe.py``
-    (benchmarks/NOTES.md item 18), not measured yet: default 1."""
+    """``unroll`` steps per ``while_loop`` iteration; steps past the end leave finished sequences as they are.
+
+    Each iteration ends with the loop predicate on the host (a device-to-host copy, then the next body's
+    launch), ~15-20 us per iteration on an H200, which ``unroll`` amortizes (``default_unroll``)."""
     B, T = tokens_BT.shape
     cache = kv.init_cache(cfg, B, capacity, params["embed"].dtype)
     logits_BNV, _, cache = model.forward(params, cfg, tokens_BT, cache, logits_index_BN=(prompt_len_B - 1)[:, None])
@@ -98,7 +109,7 @@ def _generate(params, tokens_BT, prompt_len_B, max_new, sp: SamplingParams, key,
 
     def body(s: DecodeState):
         logits_BTV, _, cache = model.forward(params, cfg, s.last_B[:, None], s.cache)
-        key, sub = jax.random.split(s.key)
+        key, sub = (s.key, s.key) if sp.is_greedy else jax.random.split(s.key)  # greedy draws nothing
         tok_B = sample(sub, logits_BTV[:, -1], sp)
         live = ~s.done_B
         out_BM = s.out_BM.at[jnp.arange(B), s.n_gen_B].set(jnp.where(live, tok_B, 0))
@@ -135,19 +146,24 @@ class GenerateResult:
 
 def generate(params, cfg: ModelConfig, prompts: list[list[int]], *, max_new_tokens: int = 64,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-             eos_token_ids: tuple[int, ...] | None = None, pad_to: int = 0) -> GenerateResult:
+             eos_token_ids: tuple[int, ...] | None = None, pad_to: int = 0,
+             unroll: int | None = None) -> GenerateResult:
     """Generate for a batch of token-id prompts of different lengths. temperature 0 = greedy.
 
     ``pad_to`` fixes the prompt width (rounded up to a power of two) so that a sweep over prompts of
-    different lengths compiles once."""
+    different lengths compiles once. ``unroll``: decode steps per loop iteration (default
+    ``default_unroll()``; the outputs are the same for any value)."""
     validate_request(cfg, prompts, max_new_tokens)
+    unroll = default_unroll() if unroll is None else unroll
+    if isinstance(unroll, bool) or not isinstance(unroll, int) or unroll < 1:
+        raise ValueError(f"unroll (decode steps per loop iteration) must be an integer >= 1, got {unroll!r}")
     sp = SamplingParams.make(temperature, top_k, top_p)
     eos = tuple(cfg.eos_token_ids if eos_token_ids is None else eos_token_ids)
     width, capacity = bucket_shapes(prompts, max_new_tokens, pad_to)
     toks, lens = pad_prompts(prompts, width)
     args = (params, jnp.asarray(toks), jnp.asarray(lens), jnp.int32(max_new_tokens), sp, jax.random.key(seed))
     t0 = time.perf_counter()
-    compiled = _generate.lower(*args, cfg=cfg, capacity=capacity, eos_ids=eos).compile()  # cached per bucket
+    compiled = _generate.lower(*args, cfg=cfg, capacity=capacity, eos_ids=eos, unroll=unroll).compile()  # cached
     t1 = time.perf_counter()
     out_BM, n_B = jax.device_get(compiled(*args))
     seconds = time.perf_counter() - t1

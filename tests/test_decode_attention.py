@@ -395,3 +395,60 @@ def test_gpu_fused_t1_equals_verify_row_bitwise(shape, name):
     B, T, S = 3, 9, 1024
     args = _fused_inputs(7, B, T, H, G, d, S, "bfloat16", [58, 120, S - T])
     _assert_fused_steps_equal_verify(args, lambda *a: rope_attention_write(*a, n_heads=H, config=CONFIGS[name]))
+
+
+def kv_lengths(cache, lengths):
+    from specjax import cache as kv
+    return kv.set_lengths(cache, jnp.asarray(lengths, jnp.int32))
+
+
+def _eagle3_head(dtype):
+    from specjax import config
+    from specjax.heads import eagle3
+    target = config.tiny(d_model=384, n_heads=6, n_kv_heads=2, ffn_dim=512, vocab_size=512, n_layers=4)
+    cfg = eagle3.Eagle3Config(target=target, draft_vocab_size=128)
+    embed = (0.02 * jax.random.normal(jax.random.key(3), (512, 384))).astype(dtype)
+    return cfg, eagle3.init_params(cfg, jax.random.key(2), dtype=dtype), embed
+
+
+def test_eagle3_head_step_routes_to_fused_kernel(monkeypatch):
+    """Traced only: on Hopper the EAGLE-3 head's chained (T=1) and update (T=8) steps run RoPE, the cache
+    writes and attention as the target's layers do, in one kernel."""
+    from specjax import attention
+    from specjax.heads import eagle3
+    monkeypatch.setattr(attention, "_use_kernels", lambda: True)
+    monkeypatch.setattr(dispatch, "_gpu_backend", lambda: True)
+    cfg, params, embed = _eagle3_head(jnp.bfloat16)
+    for T in (1, 8):
+        cache = kv_lengths(eagle3.init_cache(cfg, 2, 64, jnp.bfloat16), [5, 9])
+        text = str(jax.make_jaxpr(lambda t, h, c: eagle3.step(params, cfg, embed, t, h, c))(
+            jnp.ones((2, T), jnp.int32), jnp.ones((2, T, 384), jnp.float32), cache))
+        assert "rope_attention_write" in text and "dynamic_update_slice" not in text
+
+
+@pytest.mark.gpu
+def test_gpu_eagle3_head_step_kernel_vs_reference(monkeypatch):
+    """The EAGLE-3 head's steps (an 8-row update, then chained 1-row steps) with the fused kernel against
+    SPECJAX_ATTENTION=reference: close outputs and the same cache rows."""
+    from specjax.heads import eagle3
+    cfg, params, embed = _eagle3_head(jnp.bfloat16)
+    toks = jax.random.randint(jax.random.key(4), (2, 12), 3, 512)
+    feats = jax.random.normal(jax.random.key(5), (2, 12, 384), jnp.float32)
+
+    def run():
+        cache, out = kv_lengths(eagle3.init_cache(cfg, 2, 256, jnp.bfloat16), [40, 100]), []
+        for a, b in ((0, 8), (8, 9), (9, 10), (10, 11)):
+            h, cache = eagle3.step(params, cfg, embed, toks[:, a:b], feats[:, a:b], cache)
+            out.append(np.asarray(h))
+        return out, np.asarray(cache.k[0], np.float32), np.asarray(cache.v[0], np.float32)
+
+    text = str(jax.make_jaxpr(lambda t, h, c: eagle3.step(params, cfg, embed, t, h, c))(
+        toks[:, :1], feats[:, :1], eagle3.init_cache(cfg, 2, 256, jnp.bfloat16)))
+    assert "rope_attention_write" in text, "the head step did not dispatch to the fused kernel"
+    got, k_got, v_got = run()
+    monkeypatch.setenv("SPECJAX_ATTENTION", "reference")
+    ref, k_ref, v_ref = run()
+    for g, r in zip(got, ref):
+        assert np.linalg.norm(g - r) / np.linalg.norm(r) < 1e-2
+    for g, r in ((k_got, k_ref), (v_got, v_ref)):
+        assert np.linalg.norm(g - r) / np.linalg.norm(r) < 1e-2

@@ -64,14 +64,16 @@ def test_eos_stops_each_sequence(tiny):
     assert len(out.output_ids[0]) <= 3
 
 
-@pytest.mark.parametrize("unroll", [2, 3])
-def test_unrolled_loop_equals_one_step_per_iteration(tiny, unroll):
-    """Steps past a sequence's end (EOS or budget) inside an unrolled iteration change nothing."""
+@pytest.mark.parametrize("unroll,temperature", [(2, 0.0), (3, 0.0), (3, 0.9)])
+def test_unrolled_loop_equals_one_step_per_iteration(tiny, unroll, temperature):
+    """Steps past a sequence's end (EOS or budget) inside an unrolled iteration change nothing; sampling
+    draws the same keys (one split per step)."""
     cfg, params = tiny
     toks, lens = jnp.array([[5, 6, 7, 8, 9], [3, 4, 0, 0, 0]], jnp.int32), jnp.array([5, 2])
-    free = generate(params, cfg, [[5, 6, 7, 8, 9], [3, 4]], max_new_tokens=8, eos_token_ids=()).output_ids
+    free = generate(params, cfg, [[5, 6, 7, 8, 9], [3, 4]], max_new_tokens=8, eos_token_ids=(),
+                    temperature=temperature, unroll=1).output_ids
     for max_new, eos in [(8, ()), (7, (free[0][2],)), (1, ())]:
-        args = (params, toks, lens, jnp.int32(max_new), SamplingParams.make(), jax.random.key(0))
+        args = (params, toks, lens, jnp.int32(max_new), SamplingParams.make(temperature), jax.random.key(0))
         ref = _generate(*args, cfg=cfg, capacity=16, eos_ids=eos)
         got = _generate(*args, cfg=cfg, capacity=16, eos_ids=eos, unroll=unroll)
         np.testing.assert_array_equal(got[1], ref[1])
@@ -133,6 +135,7 @@ def test_sampled_frequencies_match_softmax(temperature):
     (dict(temperature=-1.0), "temperature"),
     (dict(top_p=0.0), "top_p"),
     (dict(top_p=1.5), "top_p"),
+    (dict(unroll=0), "unroll"),
 ])
 def test_bad_arguments(tiny, kw, msg):
     cfg, params = tiny

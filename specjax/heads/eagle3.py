@@ -119,14 +119,15 @@ def step(params: dict, cfg: Eagle3Config, embed_VD: jax.Array, tokens_BT: jax.Ar
     ``tokens_BT`` are the tokens x_{s+1} of rows s, ``h_BTD`` the fused target features g_s (or the
     head's own previous outputs). Returns the pre-norm outputs [B, T, D] and the advanced cache.
     """
-    T = tokens_BT.shape[1]
+    c = cfg.layer
+    B, T = tokens_BT.shape
     start_B = cache.lengths_B
-    pos_BT = start_B[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+    cos, sin = rope_tables(c, start_B[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :])
     x = layer_input(params, cfg, jnp.take(embed_VD, tokens_BT, axis=0), h_BTD)
-    q_BTHd, k_BTGd, v_BTGd = qkv(params, cfg, x, pos_BT)
-    k_BSGd = kv.write(cache.k[0], k_BTGd, start_B)
-    v_BSGd = kv.write(cache.v[0], v_BTGd, start_B)
-    o_BTHd = attention.attend(q_BTHd, k_BSGd, v_BSGd, pos_BT)
+    qkv_BTNd = linear(x, params["wqkv"]).reshape(B, T, c.n_heads + 2 * c.n_kv_heads, c.head_dim)
+    # RoPE, the cache writes and attention: one kernel on Hopper for T <= 16 (the target's layers use it too)
+    o_BTHd, k_BSGd, v_BSGd = attention.attend_new_tokens(qkv_BTNd, cache.k[0], cache.v[0], cos, sin, start_B,
+                                                         c.n_heads)
     return finish(params, cfg, h_BTD, o_BTHd), kv.KVCache(k=(k_BSGd,), v=(v_BSGd,), lengths_B=start_B + T)
 
 
