@@ -69,7 +69,8 @@ def bench_model(name, params, cfg, bw, prompt_len, n_lo, n_hi, unrolls=(None,)):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", default=None, help="SmolLM2 GGUF path (default: the fetched asset)")
-    ap.add_argument("--prompts", default=None, help="JSON list of chat-templated MT-bench prompt ids")
+    ap.add_argument("--prompts", default=None, help="chat-templated MT-bench prompt ids: make_prompt_ids.py's JSON "
+                    "(its 'mtbench' list) or a JSON list")
     ap.add_argument("--hf-prompts", type=int, default=10, help="MT-bench prompts for the HF comparison")
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--models", default="8b,smollm-gguf", help="comma list of 8b, smollm-shape, smollm-gguf")
@@ -109,7 +110,8 @@ def main():
         rows += bench_model("smollm2-135m (GGUF, bf16)", params, cfg, bw, prompt_len=128, n_lo=64, n_hi=256,
                             unrolls=unrolls)
         if args.prompts:
-            prompts = json.load(open(args.prompts))[: args.hf_prompts]
+            data = json.load(open(args.prompts))  # make_prompt_ids.py's dict, or a plain list of id lists
+            prompts = (data["mtbench"] if isinstance(data, dict) else data)[: args.hf_prompts]
             ours = [generate(params, cfg, [p], max_new_tokens=args.max_new, eos_token_ids=(), pad_to=512)
                     for p in prompts]
             ours_tps = sum(sum(r.new_tokens) for r in ours) / sum(r.seconds for r in ours)
