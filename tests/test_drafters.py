@@ -22,7 +22,7 @@ def _propose_ngram(rows, K, **kw):
         hist[i, :len(r)] = r
     L = jnp.array([len(r) - 1 for r in rows], jnp.int32)
     ctx = Context(jnp.asarray(hist), L, jnp.asarray(hist)[jnp.arange(len(rows)), L], jax.random.key(0),
-                  SamplingParams.make(), num_draft=K, greedy=True)
+                  SamplingParams.make(), num_draft=K)
     prop, _, _ = NGram(**kw).propose(None, None, (), ctx, None, None)
     assert prop.q_BKV is None  # deterministic drafts: one-hot q
     return prop.tokens_BK.tolist()
@@ -57,7 +57,7 @@ def _prefilled(cfg, params, prompt):
     _, _, cache = model.forward(params, cfg, jnp.array([prompt[:-1]]), cache)
     hist = jnp.zeros((1, 32), jnp.int32).at[0, :len(prompt)].set(jnp.array(prompt))
     ctx = Context(hist, cache.lengths_B, jnp.array([prompt[-1]]), jax.random.key(0), SamplingParams.make(),
-                  num_draft=3, greedy=True)
+                  num_draft=3)
     return cache, ctx
 
 
@@ -136,9 +136,9 @@ def test_build_loads_a_draft_model_folder(tiny, tmp_path, slim):
 
 def test_draw_uses_the_same_filtered_distribution_as_the_target():
     logits = jax.random.normal(jax.random.key(0), (4, 16))
-    tok, q = draw(jax.random.key(1), logits, SamplingParams.make(), greedy=True)
+    tok, q = draw(jax.random.key(1), logits, SamplingParams.make())
     assert q is None and tok.tolist() == jnp.argmax(logits, -1).tolist()
     sp = SamplingParams.make(0.7, 5, 0.9)
-    tok, q = draw(jax.random.key(1), logits, sp, greedy=False)
+    tok, q = draw(jax.random.key(1), logits, sp)
     np.testing.assert_array_equal(q, sampling.probs(logits, sp))
     assert bool(jnp.all(jnp.take_along_axis(q, tok[:, None], 1) > 0))

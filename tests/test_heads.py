@@ -176,8 +176,7 @@ def test_sampled_drafts_come_with_the_distribution_they_were_drawn_from(target, 
     sp = SamplingParams.make(0.9, top_k=50)
     state = loop.prefill(tp, dp, toks, jnp.full((2,), 8, jnp.int32), jnp.int32(40), sp, jax.random.key(0), cfg=cfg,
                          drafter=drafter, capacity=64, num_draft=K, eos_ids=())  # same shapes as above: no recompile
-    ctx = Context(state.history_BS, state.cache.lengths_B, state.last_B, jax.random.key(7), sp, num_draft=K,
-                  greedy=False)
+    ctx = Context(state.history_BS, state.cache.lengths_B, state.last_B, jax.random.key(7), sp, num_draft=K)
     propose = jax.jit(lambda ds, ctx, cache: drafter.propose(tp, dp, ds, ctx, cache, cfg)[0])
     prop = propose(state.draft, ctx, state.cache)
     assert prop.q_BKV.shape == (2, K, cfg.vocab_size)

@@ -18,7 +18,7 @@ def test_greedy_accepts_matching_prefix_then_corrects_or_adds_bonus():
     target = np.array([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4]])
     logits = logits.at[jnp.arange(3)[:, None], jnp.arange(4)[None, :], target].set(5.0)
     drafts = jnp.array([[1, 2, 3], [1, 7, 3], [0, 2, 3]], jnp.int32)
-    v = verify.verify(jax.random.key(0), logits, drafts, None, SamplingParams.make(), greedy=True)
+    v = verify.verify(jax.random.key(0), logits, drafts, None, SamplingParams.make())
     assert v.num_accepted_B.tolist() == [3, 1, 0]
     # emitted: accepted drafts, then the target's token (bonus 4 after full acceptance)
     assert v.tokens_BK1[0].tolist() == [1, 2, 3, 4]
@@ -29,7 +29,7 @@ def test_greedy_accepts_matching_prefix_then_corrects_or_adds_bonus():
 def test_verify_rejects_mismatched_shapes():
     with pytest.raises(ValueError, match="K\\+1 logit rows"):
         verify.verify(jax.random.key(0), jnp.zeros((1, 3, V)), jnp.zeros((1, 3), jnp.int32), None,
-                      SamplingParams.make(), greedy=True)
+                      SamplingParams.make())
 
 
 def test_rejection_accepts_everything_when_q_equals_p():

@@ -83,14 +83,13 @@ def _write_rows(history_BS: jax.Array, new_BN: jax.Array, start_B: jax.Array) ->
 
 def _cycle(tp, dp, s: SpecState, sp, cfg, drafter, eos_ids) -> SpecState:
     B, K = s.accepted_BK.shape
-    greedy = sp.is_greedy  # static: fixed on the host by SamplingParams.make
     key_draft, key_verify = jax.random.split(jax.random.fold_in(s.key, s.cycle))
     L_B = s.cache.lengths_B
-    ctx = Context(s.history_BS, L_B, s.last_B, key_draft, sp, num_draft=K, greedy=greedy)
+    ctx = Context(s.history_BS, L_B, s.last_B, key_draft, sp, num_draft=K)  # greedy: sp.is_greedy (static)
     prop, draft_state, cache = drafter.propose(tp, dp, s.draft, ctx, s.cache, cfg)
     fed_BK1 = jnp.concatenate([s.last_B[:, None], prop.tokens_BK.astype(jnp.int32)], axis=1)
     logits_BK1V, taps, cache = model.forward(tp, cfg, fed_BK1, kv.set_lengths(cache, L_B), taps=drafter.taps)
-    v = verify.verify(key_verify, logits_BK1V, prop.tokens_BK, prop.q_BKV, sp, greedy)
+    v = verify.verify(key_verify, logits_BK1V, prop.tokens_BK, prop.q_BKV, sp)
 
     live_B = ~s.done_B
     count_B, hit_eos_B = emit_count(v, eos_ids, s.budget_B - s.n_out_B)

@@ -81,14 +81,14 @@ def rejection_verify(key: jax.Array, logits_BK1V: jax.Array, draft_BK: jax.Array
 
 
 def verify(key: jax.Array, logits_BK1V: jax.Array, draft_BK: jax.Array, q_BKV: jax.Array | None,
-           sp: SamplingParams, greedy: bool) -> Verdict:
+           sp: SamplingParams) -> Verdict:
     """Accept the longest valid prefix of the drafts and emit one more token (see module doc).
 
-    ``greedy`` is static (temperature == 0 on the host), so greedy decoding never sorts the vocab.
+    Greedy or not is static (``sp.is_greedy``, fixed on the host), so greedy decoding never sorts the vocab.
     """
     if logits_BK1V.shape[1] != draft_BK.shape[1] + 1:
         raise ValueError(f"verify needs K+1 logit rows for K drafts, got {logits_BK1V.shape[1]} rows "
                          f"and {draft_BK.shape[1]} drafts")
-    if greedy:
+    if sp.is_greedy:
         return greedy_verify(logits_BK1V, draft_BK)
     return rejection_verify(key, logits_BK1V, draft_BK, q_BKV, sp)

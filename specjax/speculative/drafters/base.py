@@ -51,7 +51,11 @@ class Context:
     key: jax.Array  # this cycle's drafting key
     sp: SamplingParams
     num_draft: int = dataclasses.field(metadata=_static, default=1)  # K
-    greedy: bool = dataclasses.field(metadata=_static, default=True)  # temperature == 0
+
+    @property
+    def greedy(self) -> bool:
+        """temperature == 0, fixed on the host (``SamplingParams.is_greedy``): a static Python bool."""
+        return self.sp.is_greedy
 
 
 @jax.tree_util.register_dataclass
@@ -107,13 +111,13 @@ def row_at(x_BTD: jax.Array, i_B: jax.Array) -> jax.Array:
     return jnp.take_along_axis(x_BTD, i_B[:, None, None], axis=1)[:, 0]
 
 
-def draw(key: jax.Array, logits_BV: jax.Array, sp: SamplingParams, greedy: bool) -> tuple[jax.Array, jax.Array | None]:
+def draw(key: jax.Array, logits_BV: jax.Array, sp: SamplingParams) -> tuple[jax.Array, jax.Array | None]:
     """Sample a draft token and return the distribution q it was drawn from ([B], [B, V]).
 
-    q uses ``sampling.probs`` (the same temperature/top-k/top-p as the target's p). When greedy,
-    the token is the argmax and q is ``None`` (one-hot), so no sort or softmax over V is done.
+    q uses ``sampling.probs`` (the same temperature/top-k/top-p as the target's p). When greedy
+    (``sp.is_greedy``), the token is the argmax and q is ``None`` (one-hot), so no sort or softmax over V is done.
     """
-    if greedy:
+    if sp.is_greedy:
         return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32), None
     q_BV = sampling.probs(logits_BV, sp)
     return sampling.sample_from_probs(key, q_BV), q_BV

@@ -51,14 +51,14 @@ class DraftModel(Drafter):
         cache = kv.set_lengths(cache, L_B - 1)
         logits_B1V, _, cache = model.forward(dp, self.cfg, jnp.stack([prev_B, ctx.last_B], axis=1), cache,
                                              logits_index_BN=jnp.ones((L_B.shape[0], 1), jnp.int32))
-        tok_B, q_BV = draw(keys[0], logits_B1V[:, 0], ctx.sp, ctx.greedy)
+        tok_B, q_BV = draw(keys[0], logits_B1V[:, 0], ctx.sp)
         if K == 1:
             return Proposal(tok_B[:, None], None if q_BV is None else q_BV[:, None]), cache, target_cache
 
         def step(carry, key):
             cache, tok_B = carry
             logits_B1V, _, cache = model.forward(dp, self.cfg, tok_B[:, None], cache)
-            nxt_B, q_BV = draw(key, logits_B1V[:, 0], ctx.sp, ctx.greedy)
+            nxt_B, q_BV = draw(key, logits_B1V[:, 0], ctx.sp)
             return (cache, nxt_B), (nxt_B, q_BV)
 
         (cache, _), (rest_NB, rest_q_NBV) = jax.lax.scan(step, (cache, tok_B), keys[1:])

@@ -72,7 +72,7 @@ class LayerSkip(Drafter):
         def step(carry, key):
             cache, tok_B = carry
             logits_BV, cache = self._logits(tp, dp, cfg, tok_B, cache)
-            nxt_B, q_BV = draw(key, logits_BV, ctx.sp, ctx.greedy)
+            nxt_B, q_BV = draw(key, logits_BV, ctx.sp)
             return (cache, nxt_B), (nxt_B, q_BV)
 
         (shallow, _), (tokens_KB, q_KBV) = jax.lax.scan(step, (shallow, ctx.last_B),

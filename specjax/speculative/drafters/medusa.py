@@ -51,7 +51,7 @@ class Medusa(Drafter):
         logits_KBV = medusa.logits(heads, self.cfg, h_BD, tp)
         if ctx.greedy:
             return Proposal(jnp.argmax(logits_KBV, axis=-1).T.astype(jnp.int32), None), h_BD, target_cache
-        toks, qs = zip(*(draw(k, logits_KBV[i], ctx.sp, False) for i, k in enumerate(jax.random.split(ctx.key, K))))
+        toks, qs = zip(*(draw(k, logits_KBV[i], ctx.sp) for i, k in enumerate(jax.random.split(ctx.key, K))))
         return Proposal(jnp.stack(toks, axis=1), jnp.stack(qs, axis=1)), h_BD, target_cache
 
     def update(self, tp, dp, h_BD, ver: Verified):
