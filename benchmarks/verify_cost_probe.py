@@ -1,27 +1,32 @@
 """Probe (GPU): where a speculative cycle's time goes, SmolLM2 shape, random bf16 weights, B=1.
 
-    PYTHONPATH=.:benchmarks python3 benchmarks/verify_cost_probe.py [--ts 1,8] [--ks 1,3,7] [--ar-rounds 3]
+    PYTHONPATH=.:benchmarks python3 benchmarks/verify_cost_probe.py [--ts 1,8] [--variants default,reduce_linear]
+        [--ks 1,3,7] [--drafters eagle3,ngram,eagle3+reduce_linear] [--spec-unroll 1,2] [--ar-rounds 3]
         [--ar-unroll 1,2,4]
 
 1. ``forward`` ms per call of the target at T new tokens against a 512-slot cache (the verify forward is
    T = K+1; T = 1 is an AR step), run N times inside one jit'ed ``fori_loop``: (t(N=160) - t(N=40)) / 120.
-   Each T with XLA's defaults and with ``xla_gpu_enable_triton_gemm=False`` (cuBLAS for the small GEMMs),
-   passed as per-jit ``compiler_options``, so both come from this process.
+   Variants, all from this process: XLA's defaults; ``triton_gemm_off`` (``xla_gpu_enable_triton_gemm=False``,
+   cuBLAS for the small GEMMs, as per-jit ``compiler_options``); ``reduce_linear`` (every matmul of <= 16 rows
+   traced as a multiply + reduction, the form XLA gives a one-row product, in place of a GEMM).
 2. ``cycle`` ms of ``speculative_generate`` with a random EAGLE-3 head (12288-token draft vocabulary):
    it accepts ~nothing; ms/cycle = the difference of a 256- and a 64-token run over the difference of their
    cycle counts. cycle(K) - forward(K+1) is the drafter (K-1 chained head steps + one (K+1)-row update)
-   plus the loop's bookkeeping. ``--drafters eagle3,ngram`` adds the same with the n-gram drafter (no model
-   call), whose cycle minus forward(K+1) is the loop's bookkeeping plus a cheap proposal.
+   plus the loop's bookkeeping. The n-gram drafter (no model call) gives the loop's bookkeeping plus a cheap
+   proposal; ``+reduce_linear`` traces the cycle with ``reduce_linear``; ``--spec-unroll 2`` runs two cycles
+   per ``while_loop`` iteration.
 3. Greedy AR ms/token (``generate._generate``, 256- minus 64-token runs) with the sampler as it is (greedy
    fixed on the host, ``SamplingParams.is_greedy``) and with the per-step ``lax.cond`` on the temperature
    that it had before 2026-11-27 (``cond_sample`` patched in), alternating. The results file
    ``verify_cost_probe_H200_2026-11-27_ar.txt`` came from commit 508409e, where ``_generate`` took the
    choice as a static argument instead; the programs compared are the same. ``--ar-unroll 2,4`` adds the
-   static-greedy loop with 2 and 4 steps per ``while_loop`` iteration (``_generate(unroll=...)``; not run yet).
+   static-greedy loop with 2 and 4 steps per ``while_loop`` iteration (``_generate(unroll=...)``).
+Results: ``results/verify_cost_probe_H200_2026-11-27{,_ar,_unroll,_reduce}.txt`` (benchmarks/NOTES.md items 18-19).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import time
@@ -33,14 +38,37 @@ import numpy as np
 import bench_decode
 import common
 from specjax import cache as kv
-from specjax import model, sampling
+from specjax import layers, model, sampling
 from specjax.heads import eagle3
 from specjax.speculative import loop, speculative_generate
 from specjax.speculative.drafters.eagle3 import Eagle3
 from specjax.speculative.drafters.ngram import NGram
 
 gen = importlib.import_module("specjax.generate")  # the module (the package exports a function of that name)
-VARIANTS = {"default": None, "triton_gemm_off": {"xla_gpu_enable_triton_gemm": False}}
+VARIANTS = {"default": None, "triton_gemm_off": {"xla_gpu_enable_triton_gemm": False}, "reduce_linear": None}
+
+
+def reduce_linear(x_BTI, w_OI, compute_dtype="param"):
+    """``layers.linear`` for <= 16 rows as a multiply + reduction over ``in`` (the form XLA gives a one-row
+    product), so a verify forward's matmuls become reductions like a decode step's instead of GEMMs."""
+    if compute_dtype != "param" or x_BTI.size // x_BTI.shape[-1] > 16:
+        return ORIGINAL_LINEAR(x_BTI, w_OI, compute_dtype)
+    x = x_BTI.astype(w_OI.dtype).astype(jnp.float32)
+    return jnp.sum(x[..., None, :] * w_OI.astype(jnp.float32), axis=-1)
+
+
+ORIGINAL_LINEAR = layers.linear
+
+
+@contextlib.contextmanager
+def patched_linear(on: bool):
+    """``reduce_linear`` in place of ``layers.linear`` (and the name ``model`` imported) while tracing."""
+    if on:
+        layers.linear = model.linear = reduce_linear
+    try:
+        yield
+    finally:
+        layers.linear = model.linear = ORIGINAL_LINEAR
 
 
 def forward_ms(params, cfg, T: int, options, lo: int = 40, hi: int = 160, repeats: int = 3) -> float:
@@ -106,7 +134,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ks", default="3,7")
     ap.add_argument("--ts", default="1,8")
-    ap.add_argument("--drafters", default="eagle3", help="cycles with these drafters (eagle3, ngram)")
+    ap.add_argument("--variants", default="default,triton_gemm_off", help=f"forward variants: {', '.join(VARIANTS)}")
+    ap.add_argument("--drafters", default="eagle3", help="cycles with these drafters (eagle3, ngram; "
+                    "a suffix +reduce_linear traces them with reduce_linear)")
     ap.add_argument("--spec-unroll", default="1", help="cycles with these cycles per while iteration")
     ap.add_argument("--ar-rounds", type=int, default=2, help="alternating rounds of AR with a static / a traced greedy")
     ap.add_argument("--ar-unroll", default="1", help="also AR (static greedy) with these steps per while iteration")
@@ -116,11 +146,13 @@ def main():
     h = common.header()
     print(f"{h['device_kind']}, jax {h['jax']}, {h['date']}: {h['command']}", flush=True)
     print("| what | T or K | variant | ms | wall s |\n|---|---|---|---|---|", flush=True)
+    variants = {k: v for k, v in VARIANTS.items() if k in args.variants.split(",")}
     for T in [int(t) for t in args.ts.split(",") if t]:
-        for name, opts in VARIANTS.items():
+        for name, opts in variants.items():
             t0 = time.time()
-            print(f"| forward | T={T} | {name} | {forward_ms(params, cfg, T, opts):.4f} | {time.time() - t0:.0f} |",
-                  flush=True)
+            with patched_linear(name == "reduce_linear"):
+                ms = forward_ms(params, cfg, T, opts)
+            print(f"| forward | T={T} | {name} | {ms:.4f} | {time.time() - t0:.0f} |", flush=True)
     prompt = [np.random.default_rng(0).integers(10, cfg.vocab_size - 10, 128).tolist()]
     for _ in range(args.ar_rounds):
         variants = [(True, 1, "lax.cond greedy"), (False, 1, "static greedy")] + [
@@ -137,11 +169,14 @@ def main():
     for name, K, u in [(d, int(k), int(u)) for u in args.spec_unroll.split(",") for d in args.drafters.split(",")
                        if d for k in args.ks.split(",") if k]:
         t0 = time.time()
-        drafter, d_params = drafters[name]
+        drafter, d_params = drafters[name.split("+")[0]]
         loop.decode_donating = original if u == 1 else unrolled_decode(u)
         name = name if u == 1 else f"{name} unroll {u}"
-        runs = {n: [speculative_generate(params, cfg, prompt, drafter, d_params, num_draft=K, max_new_tokens=n,
-                                         eos_token_ids=(), capacity=512) for _ in range(4)][1:] for n in (64, 256)}
+        reduce = name.endswith("+reduce_linear")
+        jax.clear_caches()  # retrace with (or without) the patched linear
+        with patched_linear(reduce):
+            runs = {n: [speculative_generate(params, cfg, prompt, drafter, d_params, num_draft=K, max_new_tokens=n,
+                                             eos_token_ids=(), capacity=512) for _ in range(4)][1:] for n in (64, 256)}
         cycles = {n: int(r[0].stats.cycles_B.sum()) for n, r in runs.items()}
         secs = {n: float(np.median([x.seconds for x in r])) for n, r in runs.items()}
         ms = 1000 * (secs[256] - secs[64]) / (cycles[256] - cycles[64])
