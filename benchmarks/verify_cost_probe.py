@@ -7,7 +7,8 @@
 1. ``forward`` ms per call of the target at T new tokens against a 512-slot cache (the verify forward is
    T = K+1; T = 1 is an AR step), run N times inside one jit'ed ``fori_loop``: (t(N=160) - t(N=40)) / 120.
    Variants, all from this process: XLA's defaults; ``triton_gemm_off`` (``xla_gpu_enable_triton_gemm=False``,
-   cuBLAS for the small GEMMs, as per-jit ``compiler_options``); ``reduce_linear`` (every matmul of <= 16 rows
+   cuBLAS for the small GEMMs, as per-jit ``compiler_options``); ``exhaustive_tiling``
+   (``xla_gpu_exhaustive_tiling_search=True``: the autotuner tries every Triton GEMM tiling); ``reduce_linear`` (every matmul of <= 16 rows
    traced as a multiply + reduction, the form XLA gives a one-row product, in place of a GEMM).
 2. ``cycle`` ms of ``speculative_generate`` with a random EAGLE-3 head (12288-token draft vocabulary):
    it accepts ~nothing; ms/cycle = the difference of a 256- and a 64-token run over the difference of their
@@ -21,7 +22,7 @@
    ``verify_cost_probe_H200_2026-11-27_ar.txt`` came from commit 508409e, where ``_generate`` took the
    choice as a static argument instead; the programs compared are the same. ``--ar-unroll 2,4`` adds the
    static-greedy loop with 2 and 4 steps per ``while_loop`` iteration (``_generate(unroll=...)``).
-Results: ``results/verify_cost_probe_H200_2026-11-27{,_ar,_unroll,_reduce}.txt`` (benchmarks/NOTES.md items 18-19).
+Results: ``results/verify_cost_probe_H200_2026-11-27{,_ar,_unroll,_reduce,_tiling}.txt`` (benchmarks/NOTES.md items 18-19).
 """
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ from specjax.speculative.drafters.eagle3 import Eagle3
 from specjax.speculative.drafters.ngram import NGram
 
 gen = importlib.import_module("specjax.generate")  # the module (the package exports a function of that name)
-VARIANTS = {"default": None, "triton_gemm_off": {"xla_gpu_enable_triton_gemm": False}, "reduce_linear": None}
+VARIANTS = {"default": None, "triton_gemm_off": {"xla_gpu_enable_triton_gemm": False}, "reduce_linear": None,
+            "exhaustive_tiling": {"xla_gpu_exhaustive_tiling_search": True}}
 
 
 def reduce_linear(x_BTI, w_OI, compute_dtype="param"):
