@@ -22,8 +22,14 @@ demo: fetch
 	$(BIN)/specjax generate --chat --max-new-tokens 64 --method ngram --num-draft 4 --json \
 		--prompt "Write a Python function that checks whether a number is prime."
 
+# The suite runs in TEST_WORKERS pytest-xdist processes (2: the CPU CI host's cores). --dist loadfile keeps
+# each test file, and so its module-scoped fixtures (one SmolLM2 load and compile), in one worker.
+# TEST_WORKERS=0 runs it in this one process: do that on a GPU host, where each JAX process would take
+# most of the GPU's memory.
+TEST_WORKERS ?= 2
+
 test: fetch
-	$(BIN)/python -m pytest -q -ra --timeout 1200 --durations=15
+	$(BIN)/python -m pytest -q -ra --timeout 1200 --durations=15 -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) .pytest_cache

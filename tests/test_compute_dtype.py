@@ -8,6 +8,8 @@ operands, bf16 weights upcast inside each product).
 4. Bad values are clear errors (config, pipeline, layers, CLI).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,8 +25,9 @@ from specjax.layers import linear
 K, PROMPT = 4, 12
 
 
+@functools.partial(jax.jit, static_argnums=1)  # one compilation per (config, shapes), not one per call
 def _fw(params, cfg, tokens, cache):
-    return jax.jit(lambda p, t, c: model.forward(p, cfg, t, c)[::2])(params, tokens, cache)
+    return model.forward(params, cfg, tokens, cache)[::2]
 
 
 # --- 1. float32 weights: the two modes agree -------------------------------------------------------

@@ -193,19 +193,25 @@ def test_sampled_drafts_come_with_the_distribution_they_were_drawn_from(target, 
     np.testing.assert_allclose(prop.q_BKV[:, 0], want, rtol=1e-5, atol=1e-7)
 
 
+@pytest.fixture(scope="module")
+def smollm2():
+    """SmolLM2-135M-Instruct in float32, loaded once for the shipped-artifact tests (which only read it)."""
+    from specjax import assets, pipeline
+    if not (assets.home() / assets.MODELS["smollm2-135m-instruct"].dest).is_file():
+        pytest.skip("SmolLM2 GGUF not fetched: run `specjax fetch`")
+    return pipeline.load("smollm2-135m-instruct", "float32")
+
+
 @pytest.mark.assets
 @pytest.mark.parametrize("kind", ["eagle3", "medusa", "draft"])
-def test_shipped_smollm2_artifacts_load_fit_and_decode_exactly(kind):
-    from specjax import assets, pipeline
+def test_shipped_smollm2_artifacts_load_fit_and_decode_exactly(kind, smollm2):
     from specjax.heads import shipped
     from specjax.speculative.drafters.draft_model import DraftModel
     folder = shipped.ROOT / "smollm2-135m-instruct" / kind
     if not (folder / "config.json").is_file():
         pytest.skip(f"no shipped {kind} yet ({folder}): `python -m training.train_smollm2 --preset h100 --ship`")
-    if not (assets.home() / assets.MODELS["smollm2-135m-instruct"].dest).is_file():
-        pytest.skip("SmolLM2 GGUF not fetched: run `specjax fetch`")
     assert sum(f.stat().st_size for f in folder.iterdir()) <= 25 * 2**20 and (folder / "CARD.md").is_file()
-    lm = pipeline.load("smollm2-135m-instruct", "float32")
+    lm = smollm2
     cfg, dp = shipped.load("smollm2-135m-instruct", kind, lm.cfg, lm.params)
     drafter = {"eagle3": Eagle3, "medusa": Medusa, "draft": DraftModel}[kind](cfg)
     ids = [lm.encode("Write a Python function that reverses a string.", chat=True)]
@@ -216,21 +222,18 @@ def test_shipped_smollm2_artifacts_load_fit_and_decode_exactly(kind):
 
 
 @pytest.mark.assets
-def test_shipped_eagle3_loop_accepts_what_its_training_unroll_predicts():
+def test_shipped_eagle3_loop_accepts_what_its_training_unroll_predicts(smollm2):
     """Lossless decoding hides a drafter fed the wrong features (outputs stay exact, only acceptance
     drops). So: the loop's acceptance counts per draft position equal the chain replayed offline from
     the training-time unroll over the same greedy text (``chain_acceptance``); the text runs K tokens
     past the budget, as the verifier sees it. Exact in float32 here; one count of slack per position
     for a float near-tie between the unroll's attention and the cached step. A token/feature
     misalignment in the drafter's update costs ~1 in tau (checked by mutation: 1.24 vs 2.21)."""
-    from specjax import assets, pipeline
     from specjax.heads import shipped
     from training.eagle3_ttt import chain_acceptance, greedy_drafts
     if not (shipped.ROOT / "smollm2-135m-instruct" / "eagle3" / "config.json").is_file():
         pytest.skip("no shipped eagle3 head")
-    if not (assets.home() / assets.MODELS["smollm2-135m-instruct"].dest).is_file():
-        pytest.skip("SmolLM2 GGUF not fetched: run `specjax fetch`")
-    lm = pipeline.load("smollm2-135m-instruct", "float32")
+    lm = smollm2
     ecfg, dp = shipped.load("smollm2-135m-instruct", "eagle3", lm.cfg, lm.params)
     K, new = 7, 48
     ids = [lm.encode(t, chat=True) for t in ("Write a Python function that reverses a string.",
