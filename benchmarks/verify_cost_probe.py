@@ -156,10 +156,10 @@ def main():
                 ms = forward_ms(params, cfg, T, opts)
             print(f"| forward | T={T} | {name} | {ms:.4f} | {time.time() - t0:.0f} |", flush=True)
     prompt = [np.random.default_rng(0).integers(10, cfg.vocab_size - 10, 128).tolist()]
+    ar_variants = [(True, 1, "lax.cond greedy"), (False, 1, "static greedy")] + [
+        (False, u, f"static greedy, unroll {u}") for u in map(int, args.ar_unroll.split(",")) if u != 1]
     for _ in range(args.ar_rounds):
-        variants = [(True, 1, "lax.cond greedy"), (False, 1, "static greedy")] + [
-            (False, u, f"static greedy, unroll {u}") for u in map(int, args.ar_unroll.split(",")) if u != 1]
-        for cond, unroll, name in variants:
+        for cond, unroll, name in ar_variants:
             t0 = time.time()
             print(f"| AR step | T=1 | {name} | {ar_step_ms(params, cfg, prompt[0], cond, unroll):.4f} | "
                   f"{time.time() - t0:.0f} |", flush=True)
@@ -171,10 +171,13 @@ def main():
     for name, K, u in [(d, int(k), int(u)) for u in args.spec_unroll.split(",") for d in args.drafters.split(",")
                        if d for k in args.ks.split(",") if k]:
         t0 = time.time()
-        drafter, d_params = drafters[name.split("+")[0]]
+        base, _, patch = name.partition("+")  # "eagle3+reduce_linear" -> "eagle3", "reduce_linear"
+        if base not in drafters or patch not in ("", "reduce_linear"):
+            raise SystemExit(f"unknown --drafters entry {name!r}: expected eagle3 or ngram, optionally +reduce_linear")
+        drafter, d_params = drafters[base]
+        reduce = patch == "reduce_linear"
         loop.decode_donating = original if u == 1 else unrolled_decode(u)
         name = name if u == 1 else f"{name} unroll {u}"
-        reduce = name.endswith("+reduce_linear")
         jax.clear_caches()  # retrace with (or without) the patched linear
         with patched_linear(reduce):
             runs = {n: [speculative_generate(params, cfg, prompt, drafter, d_params, num_draft=K, max_new_tokens=n,
@@ -184,6 +187,7 @@ def main():
         ms = 1000 * (secs[256] - secs[64]) / (cycles[256] - cycles[64])
         tau = (256 - 64) / (cycles[256] - cycles[64])
         print(f"| {name} cycle (tokens/cycle {tau:.3f}) | K={K} | default | {ms:.4f} | {time.time() - t0:.0f} |", flush=True)
+    loop.decode_donating = original
 
 
 if __name__ == "__main__":

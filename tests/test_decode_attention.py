@@ -15,6 +15,7 @@ from pallas_kernels.decode_attention import (MAX_QUERIES, TuningConfig, decode_a
                                              decode_attention_reference, default_config, packed_rows,
                                              rope_attention_write, rope_attention_write_reference,
                                              split_geometry)
+from specjax.cache import set_lengths
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*Pallas Triton backend is deprecated")
 
@@ -397,11 +398,6 @@ def test_gpu_fused_t1_equals_verify_row_bitwise(shape, name):
     _assert_fused_steps_equal_verify(args, lambda *a: rope_attention_write(*a, n_heads=H, config=CONFIGS[name]))
 
 
-def kv_lengths(cache, lengths):
-    from specjax import cache as kv
-    return kv.set_lengths(cache, jnp.asarray(lengths, jnp.int32))
-
-
 def _eagle3_head(dtype):
     from specjax import config
     from specjax.heads import eagle3
@@ -420,7 +416,7 @@ def test_eagle3_head_step_routes_to_fused_kernel(monkeypatch):
     monkeypatch.setattr(dispatch, "_gpu_backend", lambda: True)
     cfg, params, embed = _eagle3_head(jnp.bfloat16)
     for T in (1, 8):
-        cache = kv_lengths(eagle3.init_cache(cfg, 2, 64, jnp.bfloat16), [5, 9])
+        cache = set_lengths(eagle3.init_cache(cfg, 2, 64, jnp.bfloat16), jnp.array([5, 9], jnp.int32))
         text = str(jax.make_jaxpr(lambda t, h, c: eagle3.step(params, cfg, embed, t, h, c))(
             jnp.ones((2, T), jnp.int32), jnp.ones((2, T, 384), jnp.float32), cache))
         assert "rope_attention_write" in text and "dynamic_update_slice" not in text
@@ -436,7 +432,7 @@ def test_gpu_eagle3_head_step_kernel_vs_reference(monkeypatch):
     feats = jax.random.normal(jax.random.key(5), (2, 12, 384), jnp.float32)
 
     def run():
-        cache, out = kv_lengths(eagle3.init_cache(cfg, 2, 256, jnp.bfloat16), [40, 100]), []
+        cache, out = set_lengths(eagle3.init_cache(cfg, 2, 256, jnp.bfloat16), jnp.array([40, 100], jnp.int32)), []
         for a, b in ((0, 8), (8, 9), (9, 10), (10, 11)):
             h, cache = eagle3.step(params, cfg, embed, toks[:, a:b], feats[:, a:b], cache)
             out.append(np.asarray(h))
