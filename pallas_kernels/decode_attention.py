@@ -31,7 +31,10 @@ Fused form (``rope_attention_write``, what the model calls). The source rows are
 projection before RoPE: the kernel rotates q, computes this call's T new K/V rows itself (RoPE on
 k), uses them in place of the cache's rows at their slots, and one program per (b, g) writes them
 into the caches, which are aliased to outputs (in place). RoPE + two cache writes + attention are
-then one launch (two with the combine) instead of ~6 (benchmarks/NOTES.md item 12).
+then one launch (two with the combine) instead of ~6 (benchmarks/NOTES.md item 12). Norm mode
+(``norm_dim > 0``, the model's one-row decode steps): the layer's RMSNorm is folded in as well; each
+token's source rows end with a row of its sum of squares, and the kernel scales q|k|v by 1/rms before
+RoPE (benchmarks/NOTES.md item 20).
 
 Mask: key slot ``s`` is visible to query ``(b, t)`` iff ``s <= q_pos[b, t]`` (and ``s < S``). Rows
 that see no key return 0. Output: float32 ``[B, T, H, d]``.
@@ -128,6 +131,8 @@ class _Layout:
     n_splits: int     # splits of the S slots; 1: kernel 1 writes the output, no combine
     scale_log2: float
     fused: bool       # source is q|k|v before RoPE: rotate, substitute new keys, write them to the cache
+    norm_dim: int = 0     # fused, > 0: each token's last source row holds the sum of squares of the layer's
+    norm_eps: float = 0.0  # input over norm_dim elements; q|k|v are scaled by rsqrt(sum / norm_dim + eps)
 
     @property
     def R(self) -> int:
@@ -162,15 +167,28 @@ def _store_rows(ref, row_M, val_Md, mask_M):
     plgpu.store(_at_rows(ref, row_M), val_Md, mask=_rows2d(mask_M, val_Md.shape[1]))
 
 
-def _rope_rows(src_ref, cos_ref, sin_ref, row_M, t_M, mask_M, d):
+def _row_scale(src_ref, L: _Layout, t_M, mask_M):
+    """Fused-norm mode (``L.norm_dim > 0``): RMSNorm's 1/rms of queries ``t_M``, from the row that ends
+    each token's N source rows (its d entries all hold the token's sum of squares; the max picks it
+    exactly). None otherwise."""
+    if not L.norm_dim:
+        return None
+    ss_M = plgpu.load(_at_rows(src_ref, t_M * L.N + L.N - 1), mask=_rows2d(mask_M, L.d), other=0.0).max(axis=1)
+    return lax.rsqrt(ss_M / L.norm_dim + L.norm_eps)
+
+
+def _rope_rows(src_ref, cos_ref, sin_ref, row_M, t_M, mask_M, d, scale_M=None):
     """HF rotate-half RoPE of source rows ``row_M`` at the positions of queries ``t_M`` (float32):
-    x * cos + rotate_half(x) * sin, rotate_half(x)[c] = -x[c + d/2] (c < d/2), x[c - d/2] (else)."""
+    x * cos + rotate_half(x) * sin, rotate_half(x)[c] = -x[c + d/2] (c < d/2), x[c - d/2] (else);
+    the rows are first scaled by ``scale_M`` if given (``_row_scale``)."""
     col = lax.broadcasted_iota(jnp.int32, (d,), 0)
     rot = jnp.where(col < d // 2, col + d // 2, col - d // 2)
     sign = jnp.where(col < d // 2, -1.0, 1.0).astype(jnp.float32)
     mask = _rows2d(mask_M, d)
     x = plgpu.load(_at_rows(src_ref, row_M), mask=mask, other=0.0).astype(jnp.float32)
     x_rot = plgpu.load(_at_rows(src_ref, row_M, rot), mask=mask, other=0.0).astype(jnp.float32)
+    if scale_M is not None:
+        x, x_rot = x * scale_M[:, None], x_rot * scale_M[:, None]
     cos, sin = plgpu.load(_at_rows(cos_ref, t_M)), plgpu.load(_at_rows(sin_ref, t_M))
     return x * cos + (x_rot * sign[None, :]) * sin
 
@@ -178,8 +196,11 @@ def _rope_rows(src_ref, cos_ref, sin_ref, row_M, t_M, mask_M, d):
 def _new_rows(refs, L: _Layout, g, t_M, mask_M, dtype):
     """This call's K and V rows for kv head g at queries ``t_M`` (fused mode), in the cache dtype."""
     src_ref, cos_ref, sin_ref = refs
-    k = _rope_rows(src_ref, cos_ref, sin_ref, t_M * L.N + L.H + g, t_M, mask_M, L.d)
+    scale_M = _row_scale(src_ref, L, t_M, mask_M)
+    k = _rope_rows(src_ref, cos_ref, sin_ref, t_M * L.N + L.H + g, t_M, mask_M, L.d, scale_M)
     v = plgpu.load(_at_rows(src_ref, t_M * L.N + L.H + L.G + g), mask=_rows2d(mask_M, L.d), other=0.0)
+    if scale_M is not None:
+        v = v * scale_M[:, None]
     return k.astype(dtype), v.astype(dtype)
 
 
@@ -265,7 +286,8 @@ def _split_kernel(*refs, L: _Layout):
 
     def attend():
         if L.fused:
-            q_Md = _rope_rows(src_ref, cos_ref, sin_ref, src_M, t_M, valid_M, L.d).astype(k_ref.dtype)
+            q_Md = _rope_rows(src_ref, cos_ref, sin_ref, src_M, t_M, valid_M, L.d,
+                              _row_scale(src_ref, L, t_M, valid_M)).astype(k_ref.dtype)
         else:
             q_Md = plgpu.load(_at_rows(src_ref, src_M), mask=_rows2d(valid_M, L.d), other=0.0)
         M = q_Md.shape[0]
@@ -403,12 +425,12 @@ def _check(q_shape, k, v, q_dtype):
         raise ValueError(f"head dim must be 64, 128 or 256, got {d}")
 
 
-def _layout(B, T, H, G, N, S, d, config, scale, fused):
+def _layout(B, T, H, G, N, S, d, config, scale, fused, norm_dim=0, norm_eps=0.0):
     cfg = config or default_config(B, G, H // G, d)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     n_splits, split_len = split_geometry(S, cfg)
     L = _Layout(T=T, H=H, G=G, N=N, S=S, d=d, block_m=cfg.block_m, block_k=cfg.block_k, split_len=split_len,
-                n_splits=n_splits, scale_log2=scale * _LOG2E, fused=fused)
+                n_splits=n_splits, scale_log2=scale * _LOG2E, fused=fused, norm_dim=norm_dim, norm_eps=norm_eps)
     return L, cfg
 
 
@@ -428,10 +450,10 @@ def decode_attention(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, *, scale: float | None = 
     return o.reshape(B, T, H, d)
 
 
-@functools.partial(jax.jit, static_argnames=("n_heads", "scale", "config", "interpret"))
+@functools.partial(jax.jit, static_argnames=("n_heads", "scale", "config", "interpret", "norm_dim", "norm_eps"))
 def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *, n_heads: int,
                          scale: float | None = None, config: TuningConfig | None = None,
-                         interpret: bool = False):
+                         interpret: bool = False, norm_dim: int = 0, norm_eps: float = 0.0):
     """Jitted entry, one launch (two with several splits) for a decoder layer's attention over T <= 16
     new tokens per sequence: ``qkv_BTNd`` [B, T, H + 2G, d] is the q|k|v projection before RoPE
     (float32; heads in HF order), ``cos_BTd`` / ``sin_BTd`` the rotate-half tables of positions
@@ -439,15 +461,25 @@ def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *,
     slots ``start_B[b] + t`` of the caches (in place when XLA can donate them) and attends causally.
     Returns ``(o float32 [B, T, H, d], k_BSGd, v_BSGd)``: the same values as RoPE, ``cache.write``
     and ``decode_attention`` in sequence (``rope_attention_write_reference``), and a query's output
-    has the same bits as from ``decode_attention`` given the same roped, rounded q and caches."""
+    has the same bits as from ``decode_attention`` given the same roped, rounded q and caches.
+
+    ``norm_dim > 0`` (RMSNorm folded in, ``specjax.attention.attend_new_tokens(norm=...)``): qkv has one
+    more head, [B, T, H + 2G + 1, d], holding each token's sum of squares over the ``norm_dim`` elements of
+    the layer's input in all d entries, and the kernel scales the token's q|k|v rows by
+    ``rsqrt(sum / norm_dim + norm_eps)`` before RoPE."""
     (B, T, N, d), (S, G) = qkv_BTNd.shape, k_BSGd.shape[1:3]
-    H = n_heads
-    if N != H + 2 * G or cos_BTd.shape != (B, T, d) or sin_BTd.shape != (B, T, d) or start_B.shape != (B,):
-        raise ValueError(f"expected qkv [B,T,H+2G,d] with H={H}, G={G}, cos = sin [B,T,d] = {(B, T, d)}, "
+    H, extra = n_heads, int(norm_dim > 0)
+    if norm_dim < 0 or (norm_dim and not norm_eps > 0):
+        raise ValueError(f"norm_dim must be 0 (no norm) or the norm's width with norm_eps > 0; got "
+                         f"norm_dim={norm_dim}, norm_eps={norm_eps}")
+    if (N != H + 2 * G + extra or cos_BTd.shape != (B, T, d) or sin_BTd.shape != (B, T, d)
+            or start_B.shape != (B,)):
+        want = "H+2G+1 (the last head: sums of squares)" if extra else "H+2G"
+        raise ValueError(f"expected qkv [B,T,{want},d] with H={H}, G={G}, cos = sin [B,T,d] = {(B, T, d)}, "
                          f"start [B]; got qkv {qkv_BTNd.shape}, cos {cos_BTd.shape}, sin {sin_BTd.shape}, "
                          f"start {start_B.shape}")
     _check((B, T, H, d), k_BSGd, v_BSGd, k_BSGd.dtype)
-    L, cfg = _layout(B, T, H, G, N, S, d, config, scale, fused=True)
+    L, cfg = _layout(B, T, H, G, N, S, d, config, scale, fused=True, norm_dim=norm_dim, norm_eps=norm_eps)
     q_pos_BT = start_B.astype(jnp.int32)[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
     o, k_BSGd, v_BSGd = _build(B, L, cfg, interpret)(
         qkv_BTNd.astype(jnp.float32).reshape(B, T * N, d), q_pos_BT, cos_BTd.astype(jnp.float32),
@@ -456,12 +488,14 @@ def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *,
 
 
 def rope_attention_write_reference(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *, n_heads: int,
-                                   scale: float | None = None):
-    """Pure jnp (not a kernel): RoPE, cache writes, then ``decode_attention_reference`` with
-    cache-dtype operands (what the model's XLA path computes)."""
+                                   scale: float | None = None, norm_dim: int = 0, norm_eps: float = 0.0):
+    """Pure jnp (not a kernel): (with ``norm_dim``: the scaling by 1/rms,) RoPE, cache writes, then
+    ``decode_attention_reference`` with cache-dtype operands (what the model's XLA path computes)."""
     H, d = n_heads, qkv_BTNd.shape[-1]
-    G = (qkv_BTNd.shape[2] - H) // 2
     x = qkv_BTNd.astype(jnp.float32)
+    if norm_dim:
+        x = x[:, :, :-1] * lax.rsqrt(x[:, :, -1:, :1] / norm_dim + norm_eps)
+    G = (x.shape[2] - H) // 2
     rope = lambda a: a * cos_BTd[:, :, None] + jnp.concatenate([-a[..., d // 2:], a[..., :d // 2]], -1) * sin_BTd[:, :, None]
     q, k, v = rope(x[:, :, :H]), rope(x[:, :, H:H + G]), x[:, :, H + G:]
     T = q.shape[1]

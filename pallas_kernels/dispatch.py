@@ -75,13 +75,16 @@ def attend(q_BTHd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array,
 
 
 def rope_attend_write(qkv_BTNd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array, cos_BTd: jax.Array,
-                      sin_BTd: jax.Array, start_B: jax.Array, n_heads: int):
+                      sin_BTd: jax.Array, start_B: jax.Array, n_heads: int, norm: tuple[int, float] | None = None):
     """A decoder layer's attention over T <= 16 new tokens in one kernel: ``(o, k_BSGd, v_BSGd)`` from
-    ``rope_attention_write`` (q|k|v before RoPE, [B, T, H + 2G, d] float32), or None where the decode
+    ``rope_attention_write`` (q|k|v before RoPE, [B, T, H + 2G, d] float32; with ``norm=(D, eps)`` one
+    more head of sums of squares, see ``specjax.attention.attend_new_tokens``), or None where the decode
     kernel does not apply (then RoPE, ``cache.write`` and ``attend`` run as separate steps)."""
     B, T, N, d = qkv_BTNd.shape
     q_shape = jax.ShapeDtypeStruct((B, T, n_heads, d), k_BSGd.dtype)
     if not (applies_decode(q_shape, k_BSGd, v_BSGd) and decode_kernel_enabled()
-            and N == n_heads + 2 * k_BSGd.shape[2]):
+            and N == n_heads + 2 * k_BSGd.shape[2] + (norm is not None)):
         return None
-    return rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads=n_heads)
+    norm_dim, norm_eps = norm if norm is not None else (0, 0.0)
+    return rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads=n_heads,
+                                norm_dim=norm_dim, norm_eps=norm_eps)

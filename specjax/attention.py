@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from specjax import cache as kv
 from specjax.config import check_compute_dtype
-from specjax.layers import apply_rope
+from specjax.layers import apply_rope, inv_rms_from_sumsq
 
 
 def attention_reference(q_BTHd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array,
@@ -83,19 +83,25 @@ def attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, compute_dtype: str = "param"):
 
 
 def attend_new_tokens(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads: int,
-                      compute_dtype: str = "param"):
+                      compute_dtype: str = "param", norm: tuple[int, float] | None = None):
     """A decoder layer's attention over T new tokens per sequence (positions ``start_B[b] + t``):
     RoPE on q and k, k and v written into the caches at ``start_B``, causal attention.
 
     ``qkv_BTNd`` is the q|k|v projection [B, T, H + 2G, d] (float32, before RoPE); returns
-    ``(o float32 [B, T, H, d], k_BSGd, v_BSGd)``. On Hopper with T <= 16 (decode, verify) and
-    ``compute_dtype="param"`` the three steps run as one kernel (``pallas_kernels.dispatch
-    .rope_attend_write``); the code below is their definition and runs everywhere else."""
+    ``(o float32 [B, T, H, d], k_BSGd, v_BSGd)``. With ``norm=(D, eps)`` it has one more head,
+    [B, T, H + 2G + 1, d], whose entries are each token's sum of squares over the D elements of the
+    layer's input (``layers.linear_sumsq``), and q|k|v are those of the input not yet divided by its
+    rms: every token's q|k|v is first scaled by RMSNorm's 1/rms (the matmul is linear, so this is the
+    norm). On Hopper with T <= 16 (decode, verify) and ``compute_dtype="param"`` the steps run as one
+    kernel (``pallas_kernels.dispatch.rope_attend_write``); the code below is their definition and runs
+    everywhere else."""
     dispatch = _dispatch()
     if dispatch is not None and compute_dtype == "param":
-        out = dispatch.rope_attend_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads)
+        out = dispatch.rope_attend_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads, norm)
         if out is not None:
             return out
+    if norm is not None:
+        qkv_BTNd = qkv_BTNd[:, :, :-1] * inv_rms_from_sumsq(qkv_BTNd[:, :, -1:, :1], *norm)
     G = (qkv_BTNd.shape[2] - n_heads) // 2
     q_BTHd = apply_rope(qkv_BTNd[:, :, :n_heads], cos_BTd, sin_BTd)
     k_BSGd = kv.write(k_BSGd, apply_rope(qkv_BTNd[:, :, n_heads:n_heads + G], cos_BTd, sin_BTd), start_B)

@@ -76,6 +76,45 @@ def linear(x_BTI: jax.Array, w_OI: jax.Array, compute_dtype: str = "param") -> j
     return jnp.einsum("...i,oi->...o", x_BTI.astype(w_OI.dtype), w_OI, preferred_element_type=jnp.float32)
 
 
+def one_row(x_BTI: jax.Array) -> bool:
+    """Whether ``x`` holds a single row (B * T == 1): a decode step at B=1, where XLA computes each
+    matmul as a reduction over ``in`` rather than a GEMM."""
+    return x_BTI.size == x_BTI.shape[-1]
+
+
+MLP_SUMSQ_COPIES = 64  # rows of sum(x**2) appended to the gate/up reduction (probe: benchmarks/NOTES.md item 20)
+FOLD_MAX_IN = 2048  # fold a norm into a one-row matmul only up to this input width (same item)
+
+
+def fold_norm(x_BTI: jax.Array, w_OI: jax.Array, compute_dtype: str = "param") -> bool:
+    """Whether to take an RMSNorm's statistic from the next matmul's reduction (``linear_sumsq``): at one
+    row, ``compute_dtype="param"``, and an input width (the model width) of at most ``FOLD_MAX_IN``.
+    Measured on an H200 at B=1 (benchmarks/NOTES.md item 20), every norm folded against none: faster at
+    widths 576 (SmolLM2-135M: 0.557 vs 0.608 ms/token), 960 and 2048 (Llama-3.2-1B shape: 0.98 vs
+    1.02-1.04), slower at 4096 (Llama-3-8B shape: 5.94 vs 4.88). The bound is fitted to those four
+    shapes, not derived."""
+    return compute_dtype == "param" and one_row(x_BTI) and w_OI.shape[-1] <= FOLD_MAX_IN
+
+
+def linear_sumsq(x_BTI: jax.Array, w_OI: jax.Array, s_BTI: jax.Array, copies: int = 1) -> jax.Array:
+    """One row's ``x @ w.T`` followed by ``copies`` copies of ``sum(s ** 2)``, float32 ``[..., O + copies]``,
+    written as ONE reduction over ``in`` (used where ``fold_norm`` holds: one row, ``compute_dtype="param"``).
+
+    Why: at one row XLA runs the matmul as a reduction over ``in`` anyway; the sum of squares of an
+    RMSNorm's input is one more row of that reduction, so the norm's statistic costs no kernel of its
+    own (a decode step of SmolLM2 ran one ~1.3 us reduction kernel per norm, two per layer). The matmul
+    operand is rounded to the weight's dtype and the products summed in float32, as in ``linear``."""
+    x = x_BTI.astype(w_OI.dtype).astype(jnp.float32)
+    s = s_BTI.astype(jnp.float32)
+    sq = jnp.broadcast_to((s * s)[..., None, :], s.shape[:-1] + (copies, s.shape[-1]))
+    return jnp.sum(jnp.concatenate([x[..., None, :] * w_OI.astype(jnp.float32), sq], axis=-2), axis=-1)
+
+
+def inv_rms_from_sumsq(sumsq: jax.Array, dim: int, eps: float) -> jax.Array:
+    """RMSNorm's 1/rms from a sum of squares over ``dim`` elements (float32)."""
+    return jax.lax.rsqrt(sumsq.astype(jnp.float32) / dim + eps)
+
+
 def swiglu(x_BTD: jax.Array, w_gate_up_2FD: jax.Array, w_down_DF: jax.Array, compute_dtype: str = "param",
            scale_BT1: jax.Array | float = 1.0) -> jax.Array:
     """down(silu(gate(x) * scale) * up(x) * scale); ``scale`` lets a caller apply a norm's 1/rms after
@@ -90,5 +129,11 @@ def norm_swiglu(x_BTD: jax.Array, w_norm_D: jax.Array, eps: float, w_gate_up_2FD
     (the same value: the matmul is linear). The matmul's input, x * w, then needs no reduction first, so
     XLA fuses it into the gate/up kernel: one kernel less per layer at decode (an H100: 30 kernels and
     11.5 us fewer per SmolLM2 step, benchmarks/NOTES.md item 13). In bf16 the operand rounded on the way
-    into the matmul is x * w instead of x * w / rms: the same relative rounding, other bits."""
+    into the matmul is x * w instead of x * w / rms: the same relative rounding, other bits. At one row
+    (``fold_norm``) the statistic itself comes out of the gate/up reduction (``linear_sumsq``)."""
+    if fold_norm(x_BTD, w_gate_up_2FD, compute_dtype):  # the norm's statistic inside the gate/up reduction
+        F = w_gate_up_2FD.shape[0] // 2
+        out = linear_sumsq(w_norm_D * x_BTD, w_gate_up_2FD, x_BTD, copies=MLP_SUMSQ_COPIES)
+        scale = inv_rms_from_sumsq(out[..., 2 * F:2 * F + 1], x_BTD.shape[-1], eps)
+        return linear(jax.nn.silu(out[..., :F] * scale) * (out[..., F:2 * F] * scale), w_down_DF, compute_dtype)
     return swiglu(w_norm_D * x_BTD, w_gate_up_2FD, w_down_DF, compute_dtype, inv_rms(x_BTD, eps))

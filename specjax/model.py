@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from specjax import attention, fused
 from specjax import cache as kv
 from specjax.config import ModelConfig
-from specjax.layers import linear, norm_swiglu, rms_norm, rope_tables
+from specjax.layers import fold_norm, linear, linear_sumsq, norm_swiglu, rms_norm, rope_tables
 
 
 def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32, scale: float = 0.02) -> dict:
@@ -62,22 +62,33 @@ def lm_head(params: dict, cfg: ModelConfig, h_BTD: jax.Array) -> jax.Array:
 
 
 def attention_block(lp: dict, cfg: ModelConfig, x_BTD, cos, sin, k_BSGd, v_BSGd, start_B):
-    """One attention sub-layer; writes this step's K/V into the cache at ``start_B``."""
+    """One attention sub-layer on the residual stream ``x_BTD`` (its RMSNorm included); writes this
+    step's K/V into the cache at ``start_B``.
+
+    At one row of a model up to ``layers.FOLD_MAX_IN`` wide without q/k/v bias (``layers.fold_norm``: a
+    decode step at B=1) the norm is folded into the q|k|v reduction (``layers.linear_sumsq``: q|k|v of
+    x * w plus one extra head holding sum(x**2)) and the attention scales each token's q|k|v by 1/rms
+    (``attention.attend_new_tokens(norm=...)``): no norm kernel."""
     B, T, _ = x_BTD.shape
     H, G, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    qkv = linear(x_BTD, lp["wqkv"], cfg.compute_dtype)
-    if "bqkv" in lp:
-        qkv = qkv + lp["bqkv"]
-    o_BTHd, k_BSGd, v_BSGd = attention.attend_new_tokens(qkv.reshape(B, T, H + 2 * G, d), k_BSGd, v_BSGd,
-                                                         cos, sin, start_B, H, cfg.compute_dtype)
+    if fold_norm(x_BTD, lp["wqkv"], cfg.compute_dtype) and "bqkv" not in lp:
+        qkvs = linear_sumsq(lp["attn_norm"] * x_BTD, lp["wqkv"], x_BTD, copies=d)
+        o_BTHd, k_BSGd, v_BSGd = attention.attend_new_tokens(qkvs.reshape(B, T, H + 2 * G + 1, d), k_BSGd,
+                                                             v_BSGd, cos, sin, start_B, H, cfg.compute_dtype,
+                                                             norm=(cfg.d_model, cfg.norm_eps))
+    else:
+        qkv = linear(rms_norm(x_BTD, lp["attn_norm"], cfg.norm_eps), lp["wqkv"], cfg.compute_dtype)
+        if "bqkv" in lp:
+            qkv = qkv + lp["bqkv"]
+        o_BTHd, k_BSGd, v_BSGd = attention.attend_new_tokens(qkv.reshape(B, T, H + 2 * G, d), k_BSGd, v_BSGd,
+                                                             cos, sin, start_B, H, cfg.compute_dtype)
     return linear(o_BTHd.reshape(B, T, H * d), lp["wo"], cfg.compute_dtype), k_BSGd, v_BSGd
 
 
 def decoder_layer(lp, cfg, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B):
     """One decoder layer. ``q_pos_BT`` (= start_B + t) is unused here; the signature is the one
     ``fused.decoder_layer`` shares, which takes the K/V slots from it."""
-    a, k_BSGd, v_BSGd = attention_block(lp, cfg, rms_norm(x_BTD, lp["attn_norm"], cfg.norm_eps),
-                                        cos, sin, k_BSGd, v_BSGd, start_B)
+    a, k_BSGd, v_BSGd = attention_block(lp, cfg, x_BTD, cos, sin, k_BSGd, v_BSGd, start_B)
     x_BTD = x_BTD + a
     x_BTD = x_BTD + norm_swiglu(x_BTD, lp["mlp_norm"], cfg.norm_eps, lp["w_gate_up"], lp["w_down"],
                                 cfg.compute_dtype)

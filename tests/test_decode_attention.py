@@ -160,6 +160,50 @@ def test_interpreter_fused_t1_equals_verify_row_bitwise(name):
                                                                            interpret=True))
 
 
+def _with_sumsq_head(args, D=96):
+    """``args`` of the fused entry with q|k|v read as those of an un-normalised input: one more head
+    holding each token's sum of squares (``specjax.layers.linear_sumsq``), all d entries equal."""
+    qkv, *rest = args
+    B, T, _, d = qkv.shape
+    x = jax.random.normal(jax.random.key(7), (B, T, D), jnp.float32) * 3.0
+    ss = jnp.broadcast_to(jnp.sum(x * x, -1)[:, :, None, None], (B, T, 1, d))
+    return (jnp.concatenate([qkv, ss], axis=2), *rest)
+
+
+@pytest.mark.parametrize("T,R,d,dtype", [(1, 3, 64, "bfloat16"), (5, 3, 64, "bfloat16"), (8, 4, 128, "float16")])
+@pytest.mark.parametrize("name", ["split", "default"])
+def test_interpreter_fused_norm_matches_reference(T, R, d, dtype, name):
+    """norm_dim > 0 (RMSNorm folded in): the kernel scales q|k|v by 1/rms from the sum-of-squares head,
+    as the reference does; and the reference is the unnormalised entry on q|k|v scaled first."""
+    B, G, S, D, eps = 3, 2, 130, 96, 1e-5
+    args = _with_sumsq_head(_fused_inputs(T + R, B, T, G * R, G, d, S, dtype, [0, 61, S - T]), D)
+    o, k, v = rope_attention_write(*args, n_heads=G * R, config=CONFIGS[name], interpret=True, norm_dim=D,
+                                   norm_eps=eps)
+    ref = rope_attention_write_reference(*args, n_heads=G * R, norm_dim=D, norm_eps=eps)
+    qkv = args[0]
+    scaled = qkv[:, :, :-1] * jax.lax.rsqrt(qkv[:, :, -1:, :1] / D + eps)
+    plain = rope_attention_write_reference(scaled, *args[1:], n_heads=G * R)
+    for a, b in zip(ref, plain):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_allclose(np.asarray(v, np.float32), np.asarray(ref[2], np.float32),
+                               rtol=float(jnp.finfo(dtype).eps), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(k, np.float32), np.asarray(ref[1], np.float32),
+                               rtol=float(jnp.finfo(dtype).eps), atol=1e-6)
+    rel = np.linalg.norm(np.asarray(o) - np.asarray(ref[0])) / np.linalg.norm(np.asarray(ref[0]))
+    assert rel < 1e-2, f"relative error {rel:.2e}"
+    # the scale matters: without it the output differs (the test could not pass on an ignored head)
+    unscaled = rope_attention_write_reference(qkv[:, :, :-1], *args[1:], n_heads=G * R)[0]
+    assert np.linalg.norm(np.asarray(unscaled) - np.asarray(ref[0])) > 10 * np.linalg.norm(np.asarray(o) - np.asarray(ref[0]))
+
+
+def test_fused_norm_rejects_bad_inputs():
+    args = _fused_inputs(0, 1, 1, 6, 2, 64, 32, "bfloat16", [0])
+    with pytest.raises(ValueError, match=r"H\+2G\+1"):          # norm on, no sum-of-squares head
+        rope_attention_write(*args, n_heads=6, interpret=True, norm_dim=96, norm_eps=1e-5)
+    with pytest.raises(ValueError, match="norm_eps > 0"):
+        rope_attention_write(*_with_sumsq_head(args), n_heads=6, interpret=True, norm_dim=96)
+
+
 def _assert_fused_steps_equal_verify(args, run):
     """T decode steps (T = 1, each on the caches the previous one wrote) vs one call over the T
     tokens: every output row and the final caches bit for bit."""
@@ -238,14 +282,16 @@ def test_lowers_for_cuda(shape, name):
 @pytest.mark.parametrize("shape", [(1, 1, 9, 3, 64, 512), (8, 9, 32, 8, 128, 2048), (2, 16, 8, 1, 128, 300),
                                    (1, 5, 6, 2, 256, 300)])
 @pytest.mark.parametrize("name", CONFIGS)
-def test_fused_lowers_for_cuda(shape, name):
-    """The fused entry lowers to Triton IR for an H200, its caches aliased to outputs (in place)."""
+@pytest.mark.parametrize("norm_dim", [0, 576])
+def test_fused_lowers_for_cuda(shape, name, norm_dim):
+    """The fused entry (also in norm mode) lowers to Triton IR for an H200, its caches aliased to outputs
+    (in place)."""
     B, T, H, G, d, S = shape
-    qkv = jax.ShapeDtypeStruct((B, T, H + 2 * G, d), jnp.float32)
+    qkv = jax.ShapeDtypeStruct((B, T, H + 2 * G + (norm_dim > 0), d), jnp.float32)
     kv = jax.ShapeDtypeStruct((B, S, G, d), jnp.bfloat16)
     cs, start = jax.ShapeDtypeStruct((B, T, d), jnp.float32), jax.ShapeDtypeStruct((B,), jnp.int32)
     h200 = mesh_lib.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
-    f = lambda *a: rope_attention_write(*a, n_heads=H, config=CONFIGS[name])
+    f = lambda *a: rope_attention_write(*a, n_heads=H, config=CONFIGS[name], norm_dim=norm_dim, norm_eps=1e-5)
     with warnings.catch_warnings(), jax.sharding.use_abstract_mesh(
             mesh_lib.AbstractMesh((1,), ("x",), abstract_device=h200)):
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -298,6 +344,14 @@ def test_model_attention_routes_to_fused_kernel(monkeypatch):
     one = text(1)
     assert "rope_attention_write" in one and "dynamic_update_slice" not in one
     assert "rope_attention_write" not in text(17) and "rope_attention_write" not in text(1, "float32")
+    # RMSNorm folded in (a one-row decode step): one more head, the kernel in norm mode
+    f = lambda qkv, k, v, c, s, st: attention.attend_new_tokens(qkv, k, v, c, s, st, 6, norm=(96, 1e-5))
+    sds = jax.ShapeDtypeStruct
+    cache = sds((1, 64, 2, 64), jnp.bfloat16)
+    normed = str(jax.make_jaxpr(f)(sds((1, 1, 11, 64), jnp.float32), cache, cache, sds((1, 1, 64), jnp.float32),
+                                   sds((1, 1, 64), jnp.float32), sds((1,), jnp.int32)))
+    # the kernel's source: 11 rows (q|k|v heads + the sum-of-squares head), its scaling inside the kernel
+    assert "a:Ref<default>{f32[11,64]}" in normed and "rsqrt" in normed and "dynamic_update_slice" not in normed
 
 
 # ---------------------------------------------------------------- GPU
@@ -350,25 +404,30 @@ def test_gpu_output_independent_of_cache_capacity(shape):
 
 
 @pytest.mark.gpu
-def test_gpu_model_forward_kernels_vs_reference(monkeypatch):
+@pytest.mark.parametrize("B", [2, 1])
+def test_gpu_model_forward_kernels_vs_reference(monkeypatch, B):
     """A tiny random bf16 model: prefill (FA3), decode T=1 and verify T=5 (decode kernel) with the
-    kernels on, against SPECJAX_ATTENTION=reference: close logits."""
+    kernels on, against SPECJAX_ATTENTION=reference: close logits. B=1: the decode step is one row,
+    where the kernel also applies the folded RMSNorm (norm mode)."""
     from specjax import cache as kv, config, model
     cfg = config.tiny(d_model=384, n_heads=6, n_kv_heads=2, ffn_dim=512, vocab_size=512)
     params = model.init_params(cfg, jax.random.key(0), dtype=jnp.bfloat16)
-    toks = jax.random.randint(jax.random.key(1), (2, 46), 3, cfg.vocab_size)
+    params["layers"] = [dict(lp, attn_norm=(1 + 0.5 * jax.random.normal(jax.random.key(i), lp["attn_norm"].shape))
+                             .astype(jnp.bfloat16)) for i, lp in enumerate(params["layers"])]  # norms that matter
+    toks = jax.random.randint(jax.random.key(1), (B, 46), 3, cfg.vocab_size)
     steps = (toks[:, :40], toks[:, 40:41], toks[:, 41:46])
 
     def run():
-        cache, out = kv.init_cache(cfg, 2, 256, jnp.bfloat16), []
+        cache, out = kv.init_cache(cfg, B, 256, jnp.bfloat16), []
         for t in steps:
             logits, _, cache = model.forward(params, cfg, t, cache)
             out.append(np.asarray(logits))
         return out
 
     text = str(jax.make_jaxpr(lambda t, c: model.forward(params, cfg, t, c)[0])(
-        steps[1], kv.init_cache(cfg, 2, 256, jnp.bfloat16)))
+        steps[1], kv.init_cache(cfg, B, 256, jnp.bfloat16)))
     assert "decode_attention" in text, "the decode step did not dispatch to the decode kernel"
+    assert ("f32[1,1,11,64]" in text) == (B == 1), "norm mode (a sum-of-squares head) iff one row"
     got = run()
     monkeypatch.setenv("SPECJAX_ATTENTION", "reference")
     ref = run()
@@ -387,6 +446,25 @@ def test_gpu_fused_matches_reference(dtype, shape, name):
         rows = packed_rows(H // G, cfg.block_m)
         _poison((B, T, H, d), (B, G, rows, d), (B, G, split_geometry(S, cfg)[0], rows, d))
         _check_fused(args, H, cfg, interpret=False, tol=1e-2 if dtype == "bfloat16" else 2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,name", list(itertools.product(GPU_SHAPES, ("split", "default"))))
+def test_gpu_fused_norm_matches_reference(shape, name):
+    """Norm mode (the RMSNorm folded in at one-row decode steps) on the GPU against the reference."""
+    H, G, d = GPU_SHAPES[shape]
+    for B, T, S in ((1, 1, 300), (1, 1, 2048), (3, 5, 300)):
+        args = _with_sumsq_head(_fused_inputs(T + S + d, B, T, H, G, d, S, "bfloat16",
+                                              np.linspace(0, S - T, B).astype(int).tolist()), H * d)
+        cfg = CONFIGS[name] or default_config(B, G, H // G, d)
+        rows = packed_rows(H // G, cfg.block_m)
+        _poison((B, T, H, d), (B, G, rows, d), (B, G, split_geometry(S, cfg)[0], rows, d))
+        o, k, v = rope_attention_write(*args, n_heads=H, config=cfg, norm_dim=H * d, norm_eps=1e-5)
+        ref = rope_attention_write_reference(*args, n_heads=H, norm_dim=H * d, norm_eps=1e-5)
+        for name_, a, b, tol in (("o", o, ref[0], 1e-2), ("k", k, ref[1], 1e-2), ("v", v, ref[2], 1e-2)):
+            a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+            assert np.isfinite(a).all(), name_
+            assert np.linalg.norm(a - b) / np.linalg.norm(b) < tol, (name_, B, T, S)
 
 
 @pytest.mark.gpu

@@ -1,3 +1,5 @@
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -40,6 +42,40 @@ def test_incremental_decoding_equals_full_forward(tiny):
         pieces.append(logits)
     inc = jnp.concatenate(pieces, axis=1)
     assert float(jnp.linalg.norm(inc - full) / jnp.linalg.norm(full)) < 1e-6
+
+
+@pytest.mark.parametrize("qkv_bias", [False, True])
+def test_one_row_step_folds_the_norms_and_equals_full_forward(tiny, qkv_bias, monkeypatch):
+    """B=1 decode steps (one row) take each RMSNorm's statistic from the next matmul's reduction
+    (``layers.linear_sumsq``: attention and MLP norm, or the MLP norm only with a q/k/v bias); the logits
+    equal a full forward's."""
+    from specjax import layers
+    cfg = dataclasses.replace(tiny[0], qkv_bias=qkv_bias)
+    params = model.init_params(cfg, jax.random.key(3), scale=0.1)
+    calls, original = [], layers.linear_sumsq
+    counted = lambda *a, **k: calls.append(1) or original(*a, **k)
+    monkeypatch.setattr(model, "linear_sumsq", counted)
+    monkeypatch.setattr(layers, "linear_sumsq", counted)
+    toks = jax.random.randint(jax.random.key(1), (1, 12), 0, cfg.vocab_size)
+    full, _, _ = model.forward(params, cfg, toks)
+    logits, _, cache = model.forward(params, cfg, toks[:, :8], kv.init_cache(cfg, 1, 32))
+    assert not calls                                            # 8 rows: the norms run as before
+    pieces = [logits]
+    for t in range(8, 12):
+        logits, _, cache = model.forward(params, cfg, toks[:, t:t + 1], cache)
+        pieces.append(logits)
+    assert len(calls) == 4 * cfg.n_layers * (1 if qkv_bias else 2)
+    inc = jnp.concatenate(pieces, axis=1)
+    assert float(jnp.linalg.norm(inc - full) / jnp.linalg.norm(full)) < 1e-6
+
+
+def test_fold_norm_rule():
+    """Folded: one row, compute_dtype "param", model width <= layers.FOLD_MAX_IN (2048); else not."""
+    from specjax.layers import fold_norm
+    x, w = lambda B, D: jnp.zeros((B, 1, D)), lambda D: jax.ShapeDtypeStruct((8, D), jnp.bfloat16)
+    assert fold_norm(x(1, 576), w(576)) and fold_norm(x(1, 2048), w(2048))
+    assert not fold_norm(x(1, 4096), w(4096))                      # the 8B width: slower folded
+    assert not fold_norm(x(2, 576), w(576)) and not fold_norm(x(1, 576), w(576), "float32")
 
 
 def test_greedy_equals_naive_and_batch_equals_alone(tiny):
