@@ -73,8 +73,7 @@ def bench_model(name, params, cfg, bw, prompt_len, n_lo, n_hi, unrolls=(None,), 
         set_fold(fold)
         ms = decode_ms_per_token(params, cfg, batch, prompt_len, n_lo, n_hi, unroll=unroll)
         rows.append({"model": name, "B": batch, "unroll": unroll or default_unroll(), "norm_fold": fold,
-                     "ms_per_token": ms,
-                     "roofline_ms": roof, "pct_roofline": 100 * roof / ms, "tokens_per_s": 1000 * batch / ms,
+                     "ms_per_token": ms, "roofline_ms": roof, "pct_roofline": 100 * roof / ms, "tokens_per_s": 1000 * batch / ms,
                      "prompt_len": prompt_len, "weight_GB": wb / 1e9})
         print(rows[-1], flush=True)
     return rows
@@ -145,7 +144,8 @@ def main():
     md = (f"# AR decode on {res['device_kind']} (jax {res['jax']}, {res['date']}), compute {args.compute}\n\n"
           f"XLA_FLAGS={res['xla_flags']!r}\n\n"
           f"HBM bandwidth (max of copy and read, same run) {bw / 1e9:.0f} GB/s\n\n"
-          + common.md_table(rows, ["model", "B", "unroll", "norm_fold", "ms_per_token", "roofline_ms", "pct_roofline", "tokens_per_s"]))
+          + common.md_table(rows, ["model", "B", "unroll", "norm_fold", "ms_per_token", "roofline_ms", "pct_roofline",
+                                   "tokens_per_s"]))
     if "mtbench_greedy" in res:
         g = res["mtbench_greedy"]
         md += (f"\nMT-bench greedy, {g['prompts']} prompts x {g['max_new_tokens']} tokens, B=1: specjax "

@@ -36,12 +36,11 @@ from specjax import layers, model
 from specjax.generate import generate
 
 ORIG_DEFAULT = da.default_config
-
-
 ORIG_FOLD, ORIG_COPIES, ORIG_MAX = layers.fold_norm, layers.MLP_SUMSQ_COPIES, layers.FOLD_MAX_IN
 NEVER = lambda *a, **k: False
 # variant -> (model.fold_norm: the attention norm, layers.fold_norm: the MLP norm, FOLD_MAX_IN, MLP copies)
-LAYER_VARIANTS = {"+nofold": (NEVER, NEVER, ORIG_MAX, ORIG_COPIES), "+fold_mlp": (NEVER, ORIG_FOLD, ORIG_MAX, ORIG_COPIES),
+LAYER_VARIANTS = {"+nofold": (ORIG_FOLD, ORIG_FOLD, -1, ORIG_COPIES),  # as bench_decode.set_fold(False)
+                  "+fold_mlp": (NEVER, ORIG_FOLD, ORIG_MAX, ORIG_COPIES),
                   "+fold_attn": (ORIG_FOLD, NEVER, ORIG_MAX, ORIG_COPIES),
                   "+fold_all": (ORIG_FOLD, ORIG_FOLD, float("inf"), ORIG_COPIES),
                   "+mlp_copies1": (ORIG_FOLD, ORIG_FOLD, ORIG_MAX, 1)}
@@ -98,6 +97,7 @@ def main():
                 print(f"| {shape} | {v} | {b} | {ms:.3f} | {kernels:.1f} | {busy:.1f} | {c} | {time.time() - t0:.0f} |",
                       flush=True)
         del params
+
 
 if __name__ == "__main__":
     main()

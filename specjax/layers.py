@@ -14,7 +14,13 @@ from specjax.config import ModelConfig, check_compute_dtype
 def inv_rms(x_BTD: jax.Array, eps: float) -> jax.Array:
     """1 / rms over the last axis, float32, keepdims: RMSNorm's statistic."""
     x32 = x_BTD.astype(jnp.float32)
-    return jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return inv_rms_from_sumsq(jnp.sum(x32 * x32, axis=-1, keepdims=True), x_BTD.shape[-1], eps)
+
+
+def inv_rms_from_sumsq(sumsq: jax.Array, dim: int, eps: float) -> jax.Array:
+    """RMSNorm's 1/rms from a sum of squares over ``dim`` elements (float32); also what ``linear_sumsq``'s
+    folded norms use."""
+    return jax.lax.rsqrt(sumsq.astype(jnp.float32) / dim + eps)
 
 
 def rms_norm(x_BTD: jax.Array, w_D: jax.Array, eps: float) -> jax.Array:
@@ -110,16 +116,17 @@ def linear_sumsq(x_BTI: jax.Array, w_OI: jax.Array, s_BTI: jax.Array, copies: in
     return jnp.sum(jnp.concatenate([x[..., None, :] * w_OI.astype(jnp.float32), sq], axis=-2), axis=-1)
 
 
-def inv_rms_from_sumsq(sumsq: jax.Array, dim: int, eps: float) -> jax.Array:
-    """RMSNorm's 1/rms from a sum of squares over ``dim`` elements (float32)."""
-    return jax.lax.rsqrt(sumsq.astype(jnp.float32) / dim + eps)
-
-
 def swiglu(x_BTD: jax.Array, w_gate_up_2FD: jax.Array, w_down_DF: jax.Array, compute_dtype: str = "param",
            scale_BT1: jax.Array | float = 1.0) -> jax.Array:
     """down(silu(gate(x) * scale) * up(x) * scale); ``scale`` lets a caller apply a norm's 1/rms after
     the gate/up matmul (``norm_swiglu``)."""
-    gate, up = jnp.split(linear(x_BTD, w_gate_up_2FD, compute_dtype), 2, axis=-1)
+    return swiglu_down(linear(x_BTD, w_gate_up_2FD, compute_dtype), w_down_DF, compute_dtype, scale_BT1)
+
+
+def swiglu_down(gate_up_BT2F: jax.Array, w_down_DF: jax.Array, compute_dtype: str = "param",
+                scale_BT1: jax.Array | float = 1.0) -> jax.Array:
+    """The rest of ``swiglu`` from the gate/up products: down(silu(gate * scale) * up * scale)."""
+    gate, up = jnp.split(gate_up_BT2F, 2, axis=-1)
     return linear(jax.nn.silu(gate * scale_BT1) * (up * scale_BT1), w_down_DF, compute_dtype)
 
 
@@ -135,5 +142,5 @@ def norm_swiglu(x_BTD: jax.Array, w_norm_D: jax.Array, eps: float, w_gate_up_2FD
         F = w_gate_up_2FD.shape[0] // 2
         out = linear_sumsq(w_norm_D * x_BTD, w_gate_up_2FD, x_BTD, copies=MLP_SUMSQ_COPIES)
         scale = inv_rms_from_sumsq(out[..., 2 * F:2 * F + 1], x_BTD.shape[-1], eps)
-        return linear(jax.nn.silu(out[..., :F] * scale) * (out[..., F:2 * F] * scale), w_down_DF, compute_dtype)
+        return swiglu_down(out[..., :2 * F], w_down_DF, compute_dtype, scale)
     return swiglu(w_norm_D * x_BTD, w_gate_up_2FD, w_down_DF, compute_dtype, inv_rms(x_BTD, eps))
