@@ -2,12 +2,14 @@
 
     python benchmarks/bench_speculative.py --gguf PATH --prompts prompt_ids.json --dataset mtbench \
         [--methods ar,ngram:2,ngram:4,layerskip:4] [--max-new 256] [--limit N] [--batches 1,8,32] \
-        [--compute param|float32]
+        [--compute param|float32] [--head LABEL=FOLDER ...]
 
 Every prompt of the dataset runs alone (B=1) through each method after one warm-up call (so
 compilation is excluded; prompts are padded to one width so each method compiles once). Reports
 tau (mean accepted length, bonus included), tokens/s, the ratio to AR measured in the same run,
 and how many outputs equal AR greedy in bf16. ``--batches`` adds batch throughput (spec over AR).
+``--head own=FOLDER`` makes ``own:K`` in ``--methods`` a Medusa or EAGLE-3 head loaded from FOLDER (kind from
+its config.json) instead of the shipped one, so two heads are measured against one AR run.
 ``--compute float32`` runs the target with float32 matmul operands (bf16 weights upcast inside each
 product, ``ModelConfig.compute_dtype``). Writes benchmarks/results/spec_<dataset>_<device>_<date>
 [_f32compute]<tag>.{json,md} (the suffix and the JSON's ``compute_dtype`` record the mode).
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import jax.numpy as jnp
 
@@ -30,12 +33,28 @@ from specjax.speculative import engine
 PAD = 512
 
 
+HEADS: dict[str, tuple[str, str]] = {}  # --head LABEL=FOLDER: label -> (method, folder)
+
+
+def head_option(text: str) -> tuple[str, tuple[str, str]]:
+    """``LABEL=FOLDER`` -> (label, (method, folder)); the method (medusa or eagle3) from FOLDER/config.json."""
+    label, sep, folder = text.partition("=")
+    try:
+        conf = json.loads((Path(folder) / "config.json").read_text()) if sep and label else None
+    except (OSError, ValueError) as e:
+        raise argparse.ArgumentTypeError(f"--head {text!r}: cannot read {folder}/config.json ({e})")
+    if conf is None:
+        raise argparse.ArgumentTypeError(f"--head takes LABEL=FOLDER, got {text!r}")
+    return label, ("medusa" if "medusa_num_heads" in conf else "eagle3", folder)
+
+
 def method_call(params, cfg, method: str, k: int, max_new: int, layerskip: int | None):
     """prompts -> result for one method, prompts padded to PAD (one compilation per method and batch)."""
     if method == "ar":
         return lambda ps: generate(params, cfg, ps, max_new_tokens=max_new, pad_to=PAD)
+    method, folder = HEADS.get(method, (method, None))
     return lambda ps: engine.run(params, cfg, ps, method=method, num_draft=k, max_new_tokens=max_new,
-                                 layerskip_layers=layerskip, pad_to=PAD)
+                                 layerskip_layers=layerskip, draft_model=folder, pad_to=PAD)
 
 
 def run_method(params, cfg, prompts, method: str, k: int, max_new: int, layerskip: int | None):
@@ -107,14 +126,18 @@ def main():
                          "results file name (_f32compute) and JSON")
     ap.add_argument("--hf", type=int, default=0, help="also run HF transformers greedy and prompt lookup on the "
                                                       "first N prompts (same budget, EOS on)")
+    ap.add_argument("--head", action="append", type=head_option, default=[], metavar="LABEL=FOLDER",
+                    help="a Medusa/EAGLE-3 head folder named LABEL in --methods (e.g. own=/tmp/medusa-own, then own:4)")
     args = ap.parse_args()
+    HEADS.update(args.head)
+    res_heads = {label: folder for label, (_, folder) in args.head}
     data = json.load(open(args.prompts))
     prompts = data[args.dataset][: args.limit or None]
     cfg, params = load_model(args.gguf, jnp.bfloat16)
     cfg = cfg.replace(compute_dtype=args.compute)
     res = {**common.header(), "model": "SmolLM2-135M-Instruct (GGUF Q4_1 dequantized to bf16)",
            "compute_dtype": args.compute, "dataset": args.dataset, "max_new_tokens": args.max_new, "batch": 1,
-           "greedy": True, "rows": []}
+           "greedy": True, "rows": [], **({"heads": res_heads} if res_heads else {})}
     ar_out = None
     for spec in args.methods.split(","):
         method, _, k = spec.partition(":")
