@@ -33,9 +33,6 @@ from specjax.speculative import engine
 PAD = 512
 
 
-HEADS: dict[str, tuple[str, str]] = {}  # --head LABEL=FOLDER: label -> (method, folder)
-
-
 def head_option(text: str) -> tuple[str, tuple[str, str]]:
     """``LABEL=FOLDER`` -> (label, (method, folder)); the method (medusa or eagle3) from FOLDER/config.json."""
     label, sep, folder = text.partition("=")
@@ -48,17 +45,18 @@ def head_option(text: str) -> tuple[str, tuple[str, str]]:
     return label, ("medusa" if "medusa_num_heads" in conf else "eagle3", folder)
 
 
-def method_call(params, cfg, method: str, k: int, max_new: int, layerskip: int | None):
-    """prompts -> result for one method, prompts padded to PAD (one compilation per method and batch)."""
+def method_call(params, cfg, method: str, k: int, max_new: int, layerskip: int | None, heads: dict | None = None):
+    """prompts -> result for one method, prompts padded to PAD (one compilation per method and batch).
+    ``heads``: --head labels -> (method, folder)."""
     if method == "ar":
         return lambda ps: generate(params, cfg, ps, max_new_tokens=max_new, pad_to=PAD)
-    method, folder = HEADS.get(method, (method, None))
+    method, folder = (heads or {}).get(method, (method, None))
     return lambda ps: engine.run(params, cfg, ps, method=method, num_draft=k, max_new_tokens=max_new,
                                  layerskip_layers=layerskip, draft_model=folder, pad_to=PAD)
 
 
-def run_method(params, cfg, prompts, method: str, k: int, max_new: int, layerskip: int | None):
-    call = method_call(params, cfg, method, k, max_new, layerskip)
+def run_method(params, cfg, prompts, method: str, k: int, max_new: int, layerskip: int | None, heads=None):
+    call = method_call(params, cfg, method, k, max_new, layerskip, heads)
     call(prompts[:1])  # warm-up: compile once
     return [call([p]) for p in prompts]
 
@@ -80,9 +78,9 @@ def summarize(results, ar_outputs=None) -> dict:
     return row
 
 
-def batch_throughput(params, cfg, prompts, method, k, max_new, layerskip, batch):
+def batch_throughput(params, cfg, prompts, method, k, max_new, layerskip, batch, heads=None):
     ps = (prompts * ((batch + len(prompts) - 1) // len(prompts)))[:batch]
-    call = method_call(params, cfg, method, k, max_new, layerskip)
+    call = method_call(params, cfg, method, k, max_new, layerskip, heads)
     call(ps)  # warm-up: compile once
     r = call(ps)
     return sum(r.new_tokens) / r.seconds
@@ -129,8 +127,8 @@ def main():
     ap.add_argument("--head", action="append", type=head_option, default=[], metavar="LABEL=FOLDER",
                     help="a Medusa/EAGLE-3 head folder named LABEL in --methods (e.g. own=/tmp/medusa-own, then own:4)")
     args = ap.parse_args()
-    HEADS.update(args.head)
-    res_heads = {label: folder for label, (_, folder) in args.head}
+    heads = dict(args.head)
+    res_heads = {label: folder for label, (_, folder) in heads.items()}
     data = json.load(open(args.prompts))
     prompts = data[args.dataset][: args.limit or None]
     cfg, params = load_model(args.gguf, jnp.bfloat16)
@@ -141,7 +139,7 @@ def main():
     ar_out = None
     for spec in args.methods.split(","):
         method, _, k = spec.partition(":")
-        results = run_method(params, cfg, prompts, method, int(k or 0), args.max_new, args.layerskip_layers)
+        results = run_method(params, cfg, prompts, method, int(k or 0), args.max_new, args.layerskip_layers, heads)
         row = {"method": method, "K": int(k or 0), **summarize(results, ar_out)}
         if method == "ar":
             ar_out = [r.output_ids[0] for r in results]
@@ -158,7 +156,7 @@ def main():
         for spec in args.batch_methods.split(","):
             method, _, k = spec.partition(":")
             tps = batch_throughput(params, cfg, prompts[:b], method, int(k or 0), args.max_new,
-                                   args.layerskip_layers, b)
+                                   args.layerskip_layers, b, heads)
             if method == "ar":
                 ar_b = tps
             res.setdefault("batch_rows", []).append({"B": b, "method": method, "K": int(k or 0), "tokens_per_s": tps,
