@@ -10,7 +10,8 @@ each product (``ModelConfig.compute_dtype``; the roofline's weight bytes are unc
 compares decode steps per ``while_loop`` iteration in the same process (default: ``generate``'s). ``--fold 1,0``
 compares, in the same process, one-row (B=1) steps with each RMSNorm's statistic inside the next matmul's
 reduction where ``layers.fold_norm`` allows it (the default) and without (a reduction kernel per norm). Writes
-benchmarks/results/decode_<device>_<date>[_f32compute]<tag>.{json,md}; the JSON records the mode.
+benchmarks/results/decode_<device>_<date>[_f32compute]<tag>.{json,md} after every model (a cut-off run keeps its
+rows; ``finished`` in the JSON says whether it ran to the end); the JSON records the mode.
 """
 
 from __future__ import annotations
@@ -79,6 +80,29 @@ def bench_model(name, params, cfg, bw, prompt_len, n_lo, n_hi, unrolls=(None,), 
     return rows
 
 
+def markdown(res: dict, rows: list[dict], args) -> str:
+    md = (f"# AR decode on {res['device_kind']} (jax {res['jax']}, {res['date']}), compute {args.compute}\n\n"
+          f"XLA_FLAGS={res['xla_flags']!r}\n\n"
+          f"HBM bandwidth (max of copy and read, same run) {res['bandwidth_GBps']['best']:.0f} GB/s\n\n"
+          + common.md_table(rows, ["model", "B", "unroll", "norm_fold", "ms_per_token", "roofline_ms", "pct_roofline",
+                                   "tokens_per_s"]))
+    if "mtbench_greedy" in res:
+        g = res["mtbench_greedy"]
+        md += (f"\nMT-bench greedy, {g['prompts']} prompts x {g['max_new_tokens']} tokens, B=1: specjax "
+               f"{g['specjax_tokens_per_s']:.1f} tok/s, HF transformers {g['hf_tokens_per_s']:.1f} tok/s "
+               f"({g['speedup_vs_hf']:.2f}x)\n")
+    if not res.get("finished"):
+        md += "\nPartial: the run had not finished when these files were last written (rows so far).\n"
+    return md
+
+
+def save(res: dict, rows: list[dict], args, finished: bool = False) -> None:
+    """(Re)write the results files; called after every model so a cut-off run keeps what it measured."""
+    res["rows"], res["finished"] = rows, finished
+    name = f"decode_{res['device']}_{res['date']}{common.compute_suffix(args.compute)}{args.tag}"
+    common.write_results(name, res, markdown(res, rows, args))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", default=None, help="SmolLM2 GGUF path (default: the fetched asset)")
@@ -113,12 +137,14 @@ def main():
         rows += bench_model("smollm2-135m-shape (random)", ps, cfgs, bw, prompt_len=128, n_lo=64, n_hi=256,
                             unrolls=unrolls, folds=folds)
         del ps
+        save(res, rows, args)
     if "8b" in models:
         cfg8 = config.llama3_8b_shape().replace(compute_dtype=args.compute)
         p8 = model.init_params(cfg8, jax.random.key(0), dtype=jnp.bfloat16)
         rows += bench_model("llama3-8b-shape (random)", p8, cfg8, bw, prompt_len=1024, n_lo=64, n_hi=512,
                             unrolls=unrolls, folds=folds)
         del p8
+        save(res, rows, args)
     if "smollm-gguf" in models:
         from specjax.loading import load_model
         from specjax import assets
@@ -127,6 +153,7 @@ def main():
         cfg = cfg.replace(compute_dtype=args.compute)
         rows += bench_model("smollm2-135m (GGUF, bf16)", params, cfg, bw, prompt_len=128, n_lo=64, n_hi=256,
                             unrolls=unrolls, folds=folds)
+        save(res, rows, args)
         if args.prompts:
             data = json.load(open(args.prompts))  # make_prompt_ids.py's dict, or a plain list of id lists
             prompts = (data["mtbench"] if isinstance(data, dict) else data)[: args.hf_prompts]
@@ -140,20 +167,8 @@ def main():
                                      "specjax_tokens_per_s": ours_tps, **hf,
                                      "speedup_vs_hf": ours_tps / hf["hf_tokens_per_s"]}
             print(res["mtbench_greedy"], flush=True)
-    res["rows"] = rows
-    md = (f"# AR decode on {res['device_kind']} (jax {res['jax']}, {res['date']}), compute {args.compute}\n\n"
-          f"XLA_FLAGS={res['xla_flags']!r}\n\n"
-          f"HBM bandwidth (max of copy and read, same run) {bw / 1e9:.0f} GB/s\n\n"
-          + common.md_table(rows, ["model", "B", "unroll", "norm_fold", "ms_per_token", "roofline_ms", "pct_roofline",
-                                   "tokens_per_s"]))
-    if "mtbench_greedy" in res:
-        g = res["mtbench_greedy"]
-        md += (f"\nMT-bench greedy, {g['prompts']} prompts x {g['max_new_tokens']} tokens, B=1: specjax "
-               f"{g['specjax_tokens_per_s']:.1f} tok/s, HF transformers {g['hf_tokens_per_s']:.1f} tok/s "
-               f"({g['speedup_vs_hf']:.2f}x)\n")
-    name = f"decode_{res['device']}_{res['date']}{common.compute_suffix(args.compute)}{args.tag}"
-    common.write_results(name, res, md)
-    print(md)
+    save(res, rows, args, finished=True)
+    print(markdown(res, rows, args))
 
 
 if __name__ == "__main__":
