@@ -1,0 +1,158 @@
+"""How much would static draft trees raise tau over chains, for the shipped SmolLM2 heads? (offline, float32)
+
+For a greedy target, a cycle whose last emitted token is ``text[L]`` accepts the drafts along the
+target's own continuation ``text[L+1], text[L+2], ...`` for as long as that path is in the draft
+tree. Along that path every drafter here is conditioned on correct tokens only, so what matters is
+the rank of the true token in each step's distribution at row ``L-1``: Medusa head j's logits
+(``specjax.heads.medusa.logits``), EAGLE-3 step j's logits from the training-time unroll
+(``training.eagle3_ttt.ttt_logits``, which ``eagle3_consistency_probe.py`` showed equal to the
+decoding loop). A static tree is a prefix-closed set of rank tuples; a chain is (0,), (0, 0), ...
+A cycle accepts the longest prefix of its rank tuple that lies in the tree, so the replay below is
+what tree decoding with that tree would accept (with one verify forward over all its nodes).
+
+The tree of each size is the most frequent rank prefixes on calibration text (templated
+instructions and standard-library code stubs, the training corpus's kinds, answered greedily by the
+target), then replayed on held-out MT-bench / HumanEval prompts (chat form, as the training-time
+check), each answer cut at its EOS. Prints tau for the chain and for trees of each size.
+
+    PYTHONPATH=.:benchmarks python3 benchmarks/tree_bound_probe.py [--n 8] [--calib 16] [--new 96]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import specjax
+from specjax import model
+from specjax.heads import medusa, shipped
+from training import corpus, instructions
+from training.eagle3_ttt import ttt_logits
+from training.evaluate import heldout_prompts
+
+NOT_IN_TOP = 1 << 20  # the rank given to a token the drafter cannot propose (outside EAGLE-3's draft vocabulary)
+SIZES = (4, 7, 15, 31, 63)
+
+
+def ranks(logits_TV: np.ndarray, idx_T: np.ndarray) -> np.ndarray:
+    """Rank of column ``idx_T[t]`` in row t (0 = the argmax); ``NOT_IN_TOP`` where ``idx_T < 0``."""
+    val = np.take_along_axis(logits_TV, np.maximum(idx_T, 0)[:, None], axis=1)
+    r = (logits_TV > val).sum(axis=1)
+    return np.where(idx_T < 0, NOT_IN_TOP, r)
+
+
+def rank_table(lm, heads: dict, text: np.ndarray) -> dict[str, np.ndarray]:
+    """Per drafter ``R[t, j]``: rank of ``text[t + 2 + j]`` in step j's distribution at row t (-1 past the text)."""
+    cfg, tp = lm.cfg, lm.params
+    toks = jnp.asarray(text, jnp.int32)[None]
+    T = len(text)
+    ecfg, edp = heads["eagle3"]
+    mcfg, mdp = heads["medusa"]
+    taps = tuple(sorted(set(ecfg.taps) | set(mcfg.taps)))
+    _, tapped, _ = model.forward(tp, cfg, toks, taps=taps)
+    by_layer = dict(zip(taps, tapped))
+    out = {}
+    inv = np.full(cfg.vocab_size, -1)
+    inv[np.asarray(edp["draft_ids"])] = np.arange(len(edp["draft_ids"]))
+    steps = ttt_logits(edp["params"], ecfg, tp["embed"], toks, tuple(by_layer[i] for i in ecfg.taps), 7)
+    mlog = medusa.logits(mdp, mcfg, by_layer[mcfg.taps[0]][0], tp)  # [J, T, V]
+    for name, per_step, to_idx in (("eagle3", [np.asarray(s[0]) for s in steps], lambda y: inv[y]),
+                                   ("medusa", list(np.asarray(mlog)), lambda y: y)):
+        R = np.full((T, len(per_step)), -1)
+        for j, lg in enumerate(per_step):
+            rows = np.arange(max(0, T - 2 - j))
+            R[rows, j] = ranks(lg[rows], to_idx(text[rows + 2 + j]))
+        out[name] = R
+    return out
+
+
+def prefixes(R: np.ndarray, rows) -> collections.Counter:
+    c = collections.Counter()
+    for t in rows:
+        for m in range(1, R.shape[1] + 1):
+            if R[t, m - 1] < 0 or R[t, m - 1] >= NOT_IN_TOP:
+                break
+            c[tuple(R[t, :m])] += 1
+    return c
+
+
+def best_tree(counts: collections.Counter, size: int) -> set:
+    """The ``size`` most frequent rank prefixes, kept prefix-closed (a node only after its parent)."""
+    tree = set()
+    for tup, _ in sorted(counts.items(), key=lambda kv: (-kv[1], len(kv[0]), kv[0])):
+        if len(tree) == size:
+            break
+        if len(tup) == 1 or tup[:-1] in tree:
+            tree.add(tup)
+    return tree
+
+
+def replay(R: np.ndarray, start: int, end: int, tree: set) -> tuple[int, int]:
+    """``(cycles, accepted drafts)`` of greedy tree decoding over the text from ``start`` to ``end``."""
+    cycles = accepted = 0
+    L = start
+    while L + 1 < end:
+        cycles += 1
+        n = 0
+        while n < R.shape[1] and R[L - 1, n] >= 0 and tuple(R[L - 1, :n + 1]) in tree:
+            n += 1
+        accepted += n
+        L += n + 1
+    return cycles, accepted
+
+
+def texts(lm, prompts: list[list[int]], new: int, depth: int) -> list[tuple[np.ndarray, int, int]]:
+    """(prompt + greedy continuation running ``depth`` past the budget, start, end at the EOS or budget)."""
+    outs = specjax.generate(lm.params, lm.cfg, prompts, max_new_tokens=new + depth, eos_token_ids=()).output_ids
+    eos = set(lm.cfg.eos_token_ids)
+    res = []
+    for p, o in zip(prompts, outs):
+        stop = next((i + 1 for i, x in enumerate(o[:new]) if x in eos), new)
+        res.append((np.asarray(list(p) + list(o), np.int64), len(p), len(p) + stop))
+    return res
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=8, help="held-out prompts per set")
+    ap.add_argument("--calib", type=int, default=16, help="calibration prompts per kind (instructions, code stubs)")
+    ap.add_argument("--new", type=int, default=96, help="new tokens")
+    a = ap.parse_args(argv)
+    lm = specjax.load("smollm2-135m-instruct", dtype="float32")
+    heads = {k: shipped.load("smollm2-135m-instruct", k, lm.cfg, lm.params, dtype=jnp.float32)
+             for k in ("eagle3", "medusa")}
+    depth = 7
+    calib_prompts = [corpus.chat_ids(lm.tokenizer, q) for q in instructions.instructions(a.calib, seed=12345)]
+    calib_prompts += [corpus.chat_ids(lm.tokenizer, q) for q in corpus.code_prompts(a.calib, seed=12345)]
+    sets = {"calibration": [p for p in calib_prompts if len(p) <= 512],
+            **heldout_prompts(lm.tokenizer, a.n, a.n, 512)}
+    print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, float32; {a.new} new tokens (cut at EOS); "
+          f"prompts: " + ", ".join(f"{k} {len(v)}" for k, v in sets.items()), flush=True)
+    tables = {name: [(rank_table(lm, heads, t), s, e) for t, s, e in texts(lm, ps, a.new, depth)]
+              for name, ps in sets.items()}
+    for drafter, chain_len in (("eagle3", 7), ("medusa", 4)):
+        counts = collections.Counter()
+        for tabs, s, e in tables["calibration"]:
+            counts += prefixes(tabs[drafter], range(s - 1, e - 2))
+        trees = {f"chain K={chain_len}": {(0,) * m for m in range(1, chain_len + 1)}}
+        trees |= {f"tree {n} nodes": best_tree(counts, n) for n in SIZES}
+        print(f"\n{drafter}: tau (mean accepted length, bonus included) per set")
+        print("| tree | " + " | ".join(tables) + " | max depth |")
+        print("|---|" + "---|" * (len(tables) + 1))
+        for label, tree in trees.items():
+            taus = []
+            for name, rows in tables.items():
+                cyc = acc = 0
+                for tabs, s, e in rows:
+                    c, n = replay(tabs[drafter], s, e, tree)
+                    cyc, acc = cyc + c, acc + n
+                taus.append(f"{1 + acc / max(cyc, 1):.3f}")
+            print(f"| {label} | " + " | ".join(taus) + f" | {max(map(len, tree))} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
