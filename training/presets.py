@@ -36,8 +36,8 @@ def _tc(steps, batch, lr, warmup, dtype, log_every=25, ckpt_every=500, clip=0.5,
 
 PRESETS = {
     # One Hopper GPU, 10-minute device calls with --time-budget (benchmarks/device_heads.sh): corpus (~210 s on an
-    # H200, ~430 s on an H100, which leaves a first call little else) + EAGLE-3 in the first, the rest of EAGLE-3 in the second, Medusa / the draft model in further calls
-    # (a stage cut by its cap resumes from its checkpoint).
+    # H200, ~430 s on an H100, which leaves that call little else) + EAGLE-3 in the first, the rest of EAGLE-3 in the
+    # second, Medusa / the draft model in further calls (a stage cut by its cap resumes from its checkpoint).
     "h100": Preset(
         target="smollm2", dtype="bfloat16",
         corpus=CorpusSpec(n_chat=8192, n_code=4096, n_templated=12288, n_code_raw=4096, temperatures=(0.0, 0.7),
