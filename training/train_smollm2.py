@@ -138,8 +138,8 @@ def run(preset: Preset, out: Path, *, ship: bool, model_path: str | None = None,
     sets, set_name = eval_sets(preset, tok, cfg)
     reference = evaluate.ReferenceOutputs()
     earlier = json.loads((out / "results.json").read_text())["artifacts"] if (out / "results.json").is_file() else {}
-    results = {"preset": dataclasses.asdict(preset), "target": target_name, "hardware": hardware, "jax": jax.__version__,
-               "date": time.strftime("%Y-%m-%d"),
+    results = {"preset": dataclasses.asdict(preset), "target": target_name, "hardware": hardware,
+               "jax": jax.__version__, "date": time.strftime("%Y-%m-%d"),
                "corpus": manifest["meta"], "eval_set": set_name, "artifacts": dict(earlier)}
     for kind in only:
         t0 = time.perf_counter()
