@@ -36,12 +36,12 @@ PAD = 512
 def head_option(text: str) -> tuple[str, tuple[str, str]]:
     """``LABEL=FOLDER`` -> (label, (method, folder)); the method (medusa or eagle3) from FOLDER/config.json."""
     label, sep, folder = text.partition("=")
+    if not (sep and label):
+        raise argparse.ArgumentTypeError(f"--head takes LABEL=FOLDER, got {text!r}")
     try:
-        conf = json.loads((Path(folder) / "config.json").read_text()) if sep and label else None
+        conf = json.loads((Path(folder) / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise argparse.ArgumentTypeError(f"--head {text!r}: cannot read {folder}/config.json ({e})")
-    if conf is None:
-        raise argparse.ArgumentTypeError(f"--head takes LABEL=FOLDER, got {text!r}")
     return label, ("medusa" if "medusa_num_heads" in conf else "eagle3", folder)
 
 

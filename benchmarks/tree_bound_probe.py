@@ -34,6 +34,7 @@ from training import corpus, instructions
 from training.eagle3_ttt import ttt_logits
 from training.evaluate import heldout_prompts
 
+EAGLE3_STEPS = 7  # EAGLE-3's chain length (issue #4's K=7) and the depth of its trees
 NOT_IN_TOP = 1 << 20  # the rank given to a token the drafter cannot propose (outside EAGLE-3's draft vocabulary)
 SIZES = (4, 7, 15, 31, 63)
 
@@ -58,7 +59,7 @@ def rank_table(lm, heads: dict, text: np.ndarray) -> dict[str, np.ndarray]:
     out = {}
     inv = np.full(cfg.vocab_size, -1)
     inv[np.asarray(edp["draft_ids"])] = np.arange(len(edp["draft_ids"]))
-    steps = ttt_logits(edp["params"], ecfg, tp["embed"], toks, tuple(by_layer[i] for i in ecfg.taps), 7)
+    steps = ttt_logits(edp["params"], ecfg, tp["embed"], toks, tuple(by_layer[i] for i in ecfg.taps), EAGLE3_STEPS)
     mlog = medusa.logits(mdp, mcfg, by_layer[mcfg.taps[0]][0], tp)  # [J, T, V]
     for name, per_step, to_idx in (("eagle3", [np.asarray(s[0]) for s in steps], lambda y: inv[y]),
                                    ("medusa", list(np.asarray(mlog)), lambda y: y)):
@@ -125,16 +126,15 @@ def main(argv=None) -> None:
     lm = specjax.load("smollm2-135m-instruct", dtype="float32")
     heads = {k: shipped.load("smollm2-135m-instruct", k, lm.cfg, lm.params, dtype=jnp.float32)
              for k in ("eagle3", "medusa")}
-    depth = 7
     calib_prompts = [corpus.chat_ids(lm.tokenizer, q) for q in instructions.instructions(a.calib, seed=12345)]
     calib_prompts += [corpus.chat_ids(lm.tokenizer, q) for q in corpus.code_prompts(a.calib, seed=12345)]
     sets = {"calibration": [p for p in calib_prompts if len(p) <= 512],
             **heldout_prompts(lm.tokenizer, a.n, a.n, 512)}
     print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, float32; {a.new} new tokens (cut at EOS); "
           f"prompts: " + ", ".join(f"{k} {len(v)}" for k, v in sets.items()), flush=True)
-    tables = {name: [(rank_table(lm, heads, t), s, e) for t, s, e in texts(lm, ps, a.new, depth)]
+    tables = {name: [(rank_table(lm, heads, t), s, e) for t, s, e in texts(lm, ps, a.new, EAGLE3_STEPS)]
               for name, ps in sets.items()}
-    for drafter, chain_len in (("eagle3", 7), ("medusa", 4)):
+    for drafter, chain_len in (("eagle3", EAGLE3_STEPS), ("medusa", heads["medusa"][0].num_heads)):
         counts = collections.Counter()
         for tabs, s, e in tables["calibration"]:
             counts += prefixes(tabs[drafter], range(s - 1, e - 2))
