@@ -8,6 +8,8 @@ Every prompt of the dataset runs alone (B=1) through each method after one warm-
 compilation is excluded; prompts are padded to one width so each method compiles once). Reports
 tau (mean accepted length, bonus included), tokens/s, the ratio to AR measured in the same run,
 and how many outputs equal AR greedy in bf16. ``--batches`` adds batch throughput (spec over AR).
+``eagle3:t31`` (or ``medusa:t15``, ...) in ``--methods`` drafts the head's fitted static tree of 31 nodes
+(``trees.json`` beside the head; K in the table is then the node count).
 ``--head own=FOLDER`` makes ``own:K`` in ``--methods`` a Medusa or EAGLE-3 head loaded from FOLDER (kind from
 its config.json) instead of the shipped one, so two heads are measured against one AR run.
 ``--compute float32`` runs the target with float32 matmul operands (bf16 weights upcast inside each
@@ -45,18 +47,28 @@ def head_option(text: str) -> tuple[str, tuple[str, str]]:
     return label, ("medusa" if "medusa_num_heads" in conf else "eagle3", folder)
 
 
-def method_call(params, cfg, method: str, k: int, max_new: int, layerskip: int | None, heads: dict | None = None):
+def parse_spec(spec: str) -> tuple[str, int, int | None]:
+    """``method[:K]`` or ``method:tN`` -> (method, K, tree nodes or None)."""
+    method, _, k = spec.partition(":")
+    if k.startswith("t"):
+        return method, int(k[1:]), int(k[1:])
+    return method, int(k or 0), None
+
+
+def method_call(params, cfg, method: str, k: int, max_new: int, layerskip: int | None, heads: dict | None = None,
+                tree: int | None = None):
     """prompts -> result for one method, prompts padded to PAD (one compilation per method and batch).
-    ``heads``: --head labels -> (method, folder)."""
+    ``heads``: --head labels -> (method, folder); ``tree``: the head's fitted tree of that many nodes."""
     if method == "ar":
         return lambda ps: generate(params, cfg, ps, max_new_tokens=max_new, pad_to=PAD)
     method, folder = (heads or {}).get(method, (method, None))
     return lambda ps: engine.run(params, cfg, ps, method=method, num_draft=k, max_new_tokens=max_new,
-                                 layerskip_layers=layerskip, draft_model=folder, pad_to=PAD)
+                                 layerskip_layers=layerskip, draft_model=folder, pad_to=PAD, tree=tree)
 
 
-def run_method(params, cfg, prompts, method: str, k: int, max_new: int, layerskip: int | None, heads=None):
-    call = method_call(params, cfg, method, k, max_new, layerskip, heads)
+def run_method(params, cfg, prompts, method: str, k: int, max_new: int, layerskip: int | None, heads=None,
+               tree: int | None = None):
+    call = method_call(params, cfg, method, k, max_new, layerskip, heads, tree)
     call(prompts[:1])  # warm-up: compile once
     return [call([p]) for p in prompts]
 
@@ -78,9 +90,9 @@ def summarize(results, ar_outputs=None) -> dict:
     return row
 
 
-def batch_throughput(params, cfg, prompts, method, k, max_new, layerskip, batch, heads=None):
+def batch_throughput(params, cfg, prompts, method, k, max_new, layerskip, batch, heads=None, tree=None):
     ps = (prompts * ((batch + len(prompts) - 1) // len(prompts)))[:batch]
-    call = method_call(params, cfg, method, k, max_new, layerskip, heads)
+    call = method_call(params, cfg, method, k, max_new, layerskip, heads, tree)
     call(ps)  # warm-up: compile once
     r = call(ps)
     return sum(r.new_tokens) / r.seconds
@@ -88,7 +100,7 @@ def batch_throughput(params, cfg, prompts, method, k, max_new, layerskip, batch,
 
 def save(res: dict, args) -> None:
     """(Re)write the results files; called after every row so a cut-off run keeps what it measured."""
-    cols = ["method", "K", "tau", "tokens_per_s", "speedup_vs_ar", "identical_to_ar", "prompts"]
+    cols = ["method", "K", "tree", "tau", "tokens_per_s", "speedup_vs_ar", "identical_to_ar", "prompts"]
     md = (f"# Speculative decoding, SmolLM2-135M bf16 (compute {args.compute}), {args.dataset}, B=1, greedy, "
           f"{args.max_new} new tokens\n\n"
           f"{res['device_kind']}, jax {res['jax']}, {res['date']}\n\n" + common.md_table(res["rows"], cols))
@@ -138,9 +150,9 @@ def main():
            "greedy": True, "rows": [], **({"heads": res_heads} if res_heads else {})}
     ar_out = None
     for spec in args.methods.split(","):
-        method, _, k = spec.partition(":")
-        results = run_method(params, cfg, prompts, method, int(k or 0), args.max_new, args.layerskip_layers, heads)
-        row = {"method": method, "K": int(k or 0), **summarize(results, ar_out)}
+        method, k, tree = parse_spec(spec)
+        results = run_method(params, cfg, prompts, method, k, args.max_new, args.layerskip_layers, heads, tree)
+        row = {"method": method, "K": k, "tree": "yes" if tree else "", **summarize(results, ar_out)}
         if method == "ar":
             ar_out = [r.output_ids[0] for r in results]
             ar_tps = row["tokens_per_s"]
@@ -154,12 +166,13 @@ def main():
         save(res, args)
     for b in [int(x) for x in args.batches.split(",") if x]:
         for spec in args.batch_methods.split(","):
-            method, _, k = spec.partition(":")
-            tps = batch_throughput(params, cfg, prompts[:b], method, int(k or 0), args.max_new,
-                                   args.layerskip_layers, b, heads)
+            method, k, tree = parse_spec(spec)
+            tps = batch_throughput(params, cfg, prompts[:b], method, k, args.max_new, args.layerskip_layers, b, heads,
+                                   tree)
             if method == "ar":
                 ar_b = tps
-            res.setdefault("batch_rows", []).append({"B": b, "method": method, "K": int(k or 0), "tokens_per_s": tps,
+            res.setdefault("batch_rows", []).append({"B": b, "method": method, "K": k, "tree": "yes" if tree else "",
+                                                     "tokens_per_s": tps,
                                                      "speedup_vs_ar": tps / ar_b})
             print(res["batch_rows"][-1], flush=True)
             save(res, args)

@@ -6,7 +6,8 @@
 #   2. train1 (carry .carry/p06 .carry/b .whl): join and check the GGUF, corpus + EAGLE-3  (logs to $OUT;
 #      BUNDLE=1 also bundles the artifacts, for a stage that finishes in this call, e.g. ONLY=draft)
 #   3. train2 (carry .whl): the rest of the stages named in ONLY; bundle the artifacts to $OUT
-#   4. bench (carry .carry/p06 .carry/b .whl; the GGUF joined already, unless the machine is fresh): bench_speculative with the trained artifacts, all prompts
+#   4. bench (carry .carry/p06 .carry/b .whl; the GGUF joined already, unless the machine is fresh): bench_speculative with the trained artifacts,
+#      METHODS (e.g. ar,eagle3:7,eagle3:t31), DATASETS (default "humaneval mtbench"), LIMIT prompts each (0 = all)
 # Afterwards, locally: `cat shipped.tar.part* | tar x -C specjax/shipped/smollm2-135m-instruct/`.
 set -euo pipefail
 # A pinned snapshot of the code (git archive HEAD ... > .carry/h/head.tgz), when carried, replaces the working
@@ -36,9 +37,9 @@ case "$1" in
     for k in eagle3 medusa draft; do [ -d /root/train/export/$k ] || continue  # else the shipped one
       rm -rf specjax/shipped/smollm2-135m-instruct/$k; cp -r /root/train/export/$k specjax/shipped/smollm2-135m-instruct/$k; done
     G=$SPECJAX_HOME/models/smollm2-135m-instruct.gguf
-    for ds in humaneval mtbench; do
+    for ds in ${DATASETS:-humaneval mtbench}; do
       timeout "${2:-280}" python3 benchmarks/bench_speculative.py --gguf $G --prompts .carry/b/prompt_ids.json \
-        --dataset $ds --methods "${METHODS:-ar,eagle3:7,draft:7,medusa:4}" --tag ${TAG:-_heads} 2>&1 | grep -v "^{" | tail -12
+        --dataset $ds --methods "${METHODS:-ar,eagle3:7,draft:7,medusa:4}" --tag ${TAG:-_heads} --limit ${LIMIT:-0} 2>&1 | grep -v "^{" | tail -12
     done
     cp benchmarks/results/spec_*${TAG:-_heads}.* $OUT/ ;;
 esac

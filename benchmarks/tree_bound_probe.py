@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -29,21 +31,21 @@ import numpy as np
 
 import specjax
 from specjax import model
+from specjax.files import atomic_write_text
 from specjax.heads import medusa, shipped
 from training import corpus, instructions
-from training.eagle3_ttt import ttt_logits
+from training.eagle3_ttt import NOT_PROPOSED, tree_acceptance, ttt_logits
 from training.evaluate import heldout_prompts
 
 EAGLE3_STEPS = 7  # EAGLE-3's chain length (issue #4's K=7) and the depth of its trees
-NOT_IN_TOP = 1 << 20  # the rank given to a token the drafter cannot propose (outside EAGLE-3's draft vocabulary)
 SIZES = (4, 7, 15, 31, 63)
 
 
 def ranks(logits_TV: np.ndarray, idx_T: np.ndarray) -> np.ndarray:
-    """Rank of column ``idx_T[t]`` in row t (0 = the argmax); ``NOT_IN_TOP`` where ``idx_T < 0``."""
+    """Rank of column ``idx_T[t]`` in row t (0 = the argmax); ``NOT_PROPOSED`` where ``idx_T < 0``."""
     val = np.take_along_axis(logits_TV, np.maximum(idx_T, 0)[:, None], axis=1)
     r = (logits_TV > val).sum(axis=1)
-    return np.where(idx_T < 0, NOT_IN_TOP, r)
+    return np.where(idx_T < 0, NOT_PROPOSED, r)
 
 
 def rank_table(lm, heads: dict, text: np.ndarray) -> dict[str, np.ndarray]:
@@ -75,7 +77,7 @@ def prefixes(R: np.ndarray, rows) -> collections.Counter:
     c = collections.Counter()
     for t in rows:
         for m in range(1, R.shape[1] + 1):
-            if R[t, m - 1] < 0 or R[t, m - 1] >= NOT_IN_TOP:
+            if R[t, m - 1] < 0 or R[t, m - 1] >= NOT_PROPOSED:
                 break
             c[tuple(R[t, :m])] += 1
     return c
@@ -90,20 +92,6 @@ def best_tree(counts: collections.Counter, size: int) -> set:
         if len(tup) == 1 or tup[:-1] in tree:
             tree.add(tup)
     return tree
-
-
-def replay(R: np.ndarray, start: int, end: int, tree: set) -> tuple[int, int]:
-    """``(cycles, accepted drafts)`` of greedy tree decoding over the text from ``start`` to ``end``."""
-    cycles = accepted = 0
-    L = start
-    while L + 1 < end:
-        cycles += 1
-        n = 0
-        while n < R.shape[1] and R[L - 1, n] >= 0 and tuple(R[L - 1, :n + 1]) in tree:
-            n += 1
-        accepted += n
-        L += n + 1
-    return cycles, accepted
 
 
 def texts(lm, prompts: list[list[int]], new: int, depth: int) -> list[tuple[np.ndarray, int, int]]:
@@ -122,6 +110,8 @@ def main(argv=None) -> None:
     ap.add_argument("--n", type=int, default=8, help="held-out prompts per set")
     ap.add_argument("--calib", type=int, default=16, help="calibration prompts per kind (instructions, code stubs)")
     ap.add_argument("--new", type=int, default=96, help="new tokens")
+    ap.add_argument("--write-trees", default="",
+                    help="also write the fitted trees (JSON: drafter -> size -> paths) here")
     a = ap.parse_args(argv)
     lm = specjax.load("smollm2-135m-instruct", dtype="float32")
     heads = {k: shipped.load("smollm2-135m-instruct", k, lm.cfg, lm.params, dtype=jnp.float32)
@@ -130,16 +120,20 @@ def main(argv=None) -> None:
     calib_prompts += [corpus.chat_ids(lm.tokenizer, q) for q in corpus.code_prompts(a.calib, seed=12345)]
     sets = {"calibration": [p for p in calib_prompts if len(p) <= 512],
             **heldout_prompts(lm.tokenizer, a.n, a.n, 512)}
+    sets = {k: v for k, v in sets.items() if v}
     print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, float32; {a.new} new tokens (cut at EOS); "
           f"prompts: " + ", ".join(f"{k} {len(v)}" for k, v in sets.items()), flush=True)
     tables = {name: [(rank_table(lm, heads, t), s, e) for t, s, e in texts(lm, ps, a.new, EAGLE3_STEPS)]
               for name, ps in sets.items()}
+    fitted = {}
     for drafter, chain_len in (("eagle3", EAGLE3_STEPS), ("medusa", heads["medusa"][0].num_heads)):
         counts = collections.Counter()
         for tabs, s, e in tables["calibration"]:
             counts += prefixes(tabs[drafter], range(s - 1, e - 2))
         trees = {f"chain K={chain_len}": {(0,) * m for m in range(1, chain_len + 1)}}
         trees |= {f"tree {n} nodes": best_tree(counts, n) for n in SIZES}
+        fitted[drafter] = {str(n): sorted(([int(r) for r in p] for p in trees[f"tree {n} nodes"]),
+                                          key=lambda p: (len(p), p)) for n in SIZES}
         print(f"\n{drafter}: tau (mean accepted length, bonus included) per set")
         print("| tree | " + " | ".join(tables) + " | max depth |")
         print("|---|" + "---|" * (len(tables) + 1))
@@ -148,10 +142,16 @@ def main(argv=None) -> None:
             for name, rows in tables.items():
                 cyc = acc = 0
                 for tabs, s, e in rows:
-                    c, n = replay(tabs[drafter], s, e, tree)
-                    cyc, acc = cyc + c, acc + n
+                    c, n = tree_acceptance(tabs[drafter].T, tree, s, e)
+                    cyc, acc = cyc + c, acc + int(n.sum())
                 taus.append(f"{1 + acc / max(cyc, 1):.3f}")
             print(f"| {label} | " + " | ".join(taus) + f" | {max(map(len, tree))} |", flush=True)
+    if a.write_trees:
+        meta = {"fitted_on": f"{len(sets['calibration'])} calibration prompts ({a.calib} templated instructions + "
+                             f"{a.calib} stdlib code requests, chat form), {a.new} greedy tokens each, float32",
+                "command": "benchmarks/tree_bound_probe.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+        atomic_write_text(a.write_trees, json.dumps({"meta": meta, **fitted}, indent=1) + "\n")
+        print(f"trees written to {a.write_trees}")
 
 
 if __name__ == "__main__":

@@ -19,8 +19,9 @@ from specjax.layers import apply_rope, inv_rms_from_sumsq
 
 def attention_reference(q_BTHd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array,
                         q_pos_BT: jax.Array, kv_pos_BS: jax.Array | None = None,
-                        compute_dtype: str = "param") -> jax.Array:
-    """Causal GQA attention: query at position p sees key slots s with kv_pos[s] <= p.
+                        compute_dtype: str = "param", mask_BTS: jax.Array | None = None) -> jax.Array:
+    """Causal GQA attention: query at position p sees key slots s with kv_pos[s] <= p
+    (or, given ``mask_BTS``, the slots where it is True: a draft tree's rows, see ``tree_mask``).
 
     Scores and softmax in float32; returns [B, T, H, d] in float32. ``compute_dtype="param"`` rounds
     the queries and the probabilities to the cache dtype before the two matmuls; ``"float32"`` keeps
@@ -39,7 +40,8 @@ def attention_reference(q_BTHd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array,
     s_BGRTS = s_BGRTS * (1.0 / jnp.sqrt(jnp.float32(d)))
     if kv_pos_BS is None:
         kv_pos_BS = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
-    mask_BTS = kv_pos_BS[:, None, :] <= q_pos_BT[:, :, None]
+    if mask_BTS is None:
+        mask_BTS = kv_pos_BS[:, None, :] <= q_pos_BT[:, :, None]
     s_BGRTS = jnp.where(mask_BTS[:, None, None], s_BGRTS, -jnp.inf)
     p = jax.nn.softmax(s_BGRTS, axis=-1).astype(op_dtype)
     o = jnp.einsum("bgrts,bsgd->btgrd", p, v_BSGd.astype(op_dtype), precision=precision,
@@ -68,22 +70,32 @@ def _use_kernels() -> bool:
     return dev.platform == "gpu" and getattr(dev, "compute_capability", "") in ("9.0", "9.0a")
 
 
-def attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, compute_dtype: str = "param"):
+def tree_mask(visible_TW: jax.Array, base_B: jax.Array, capacity: int) -> jax.Array:
+    """bool [B, T, S]: row t sees every slot before ``base_B`` (the context) and slot ``base_B + w`` where
+    ``visible_TW[t, w]`` (the tree's rows written from ``base_B`` on: its ancestors and itself)."""
+    T, W = visible_TW.shape
+    rel_BS = jnp.arange(capacity, dtype=jnp.int32)[None, :] - base_B[:, None]
+    inside_BTS = jnp.take(jnp.asarray(visible_TW), jnp.clip(rel_BS, 0, W - 1), axis=1).transpose(1, 0, 2)
+    return ((rel_BS < 0)[:, None, :]) | (inside_BTS & (rel_BS < W)[:, None, :])
+
+
+def attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, compute_dtype: str = "param", mask_BTS=None):
     """The model's attention entry point (kernel dispatch happens here, nowhere else).
 
     With ``compute_dtype="float32"`` q stays float32, so the bf16/fp16 kernels do not apply
-    (``pallas_kernels.dispatch.applies`` needs q in the cache dtype) and the float32 reference runs."""
-    dispatch = _dispatch()
+    (``pallas_kernels.dispatch.applies`` needs q in the cache dtype) and the float32 reference runs.
+    An explicit ``mask_BTS`` (tree rows) always runs the reference: the kernels mask by position only."""
+    dispatch = _dispatch() if mask_BTS is None else None
     if dispatch is not None:
         q_op = q_BTHd.astype(jnp.float32 if compute_dtype == "float32" else k_BSGd.dtype)
         out = dispatch.attend(q_op, k_BSGd, v_BSGd, q_pos_BT)
         if out is not None:
             return out.astype(jnp.float32)
-    return attention_reference(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, compute_dtype=compute_dtype)
+    return attention_reference(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, compute_dtype=compute_dtype, mask_BTS=mask_BTS)
 
 
 def attend_new_tokens(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads: int,
-                      compute_dtype: str = "param", norm: tuple[int, float] | None = None):
+                      compute_dtype: str = "param", norm: tuple[int, float] | None = None, mask_BTS=None):
     """A decoder layer's attention over T new tokens per sequence (positions ``start_B[b] + t``):
     RoPE on q and k, k and v written into the caches at ``start_B``, causal attention.
 
@@ -94,8 +106,9 @@ def attend_new_tokens(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_hea
     rms: every token's q|k|v is first scaled by RMSNorm's 1/rms (the matmul is linear, so this is the
     norm). On Hopper with T <= 16 (decode, verify) and ``compute_dtype="param"`` the steps run as one
     kernel (``pallas_kernels.dispatch.rope_attend_write``); the code below is their definition and runs
-    everywhere else."""
-    dispatch = _dispatch()
+    everywhere else. ``mask_BTS`` replaces the causal mask (draft-tree rows, whose positions, in cos/sin, are
+    not their slots); it always takes the code below."""
+    dispatch = _dispatch() if mask_BTS is None else None
     if dispatch is not None and compute_dtype == "param":
         out = dispatch.rope_attend_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads, norm)
         if out is not None:
@@ -107,4 +120,4 @@ def attend_new_tokens(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_hea
     k_BSGd = kv.write(k_BSGd, apply_rope(qkv_BTNd[:, :, n_heads:n_heads + G], cos_BTd, sin_BTd), start_B)
     v_BSGd = kv.write(v_BSGd, qkv_BTNd[:, :, n_heads + G:], start_B)
     q_pos_BT = start_B[:, None] + jnp.arange(qkv_BTNd.shape[1], dtype=jnp.int32)[None, :]
-    return attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, compute_dtype), k_BSGd, v_BSGd
+    return attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, compute_dtype, mask_BTS), k_BSGd, v_BSGd

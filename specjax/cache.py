@@ -70,3 +70,14 @@ def rollback(cache: KVCache, lengths_B: jax.Array) -> KVCache:
 
 def set_lengths(cache: KVCache, lengths_B: jax.Array) -> KVCache:
     return cache.replace(lengths_B=lengths_B.astype(jnp.int32))
+
+
+def gather_rows(cache: KVCache, start_B: jax.Array, rows_BR: jax.Array) -> KVCache:
+    """Every layer's slots ``start_B + r`` for ``r`` in ``rows_BR[b]`` moved to ``start_B + 0..R-1`` (the
+    accepted path of a draft tree into position order; other slots keep their rows). Lengths unchanged."""
+    def one(c_SGd, r_R, s):
+        return jax.lax.dynamic_update_slice(c_SGd, jnp.take(c_SGd, s + r_R, axis=0, mode="clip"), (s, 0, 0))
+
+    def layer(c_BSGd):
+        return jax.vmap(one)(c_BSGd, rows_BR.astype(jnp.int32), start_B)
+    return cache.replace(k=tuple(map(layer, cache.k)), v=tuple(map(layer, cache.v)))

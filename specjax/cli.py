@@ -43,8 +43,10 @@ def _generate_one(lm, ids: list[int], args):
         res = generate(lm.params, lm.cfg, [ids], **kw)
         return res, {}
     from specjax.speculative.engine import run
+    tree = int(args.tree) if args.tree and args.tree.isdigit() else args.tree
     res = run(lm.params, lm.cfg, [ids], method=args.method, num_draft=args.num_draft, draft_model=args.draft_model,
-              layerskip_layers=args.layerskip_layers, ngram_min=args.ngram_min, ngram_max=args.ngram_max, **kw)
+              layerskip_layers=args.layerskip_layers, ngram_min=args.ngram_min, ngram_max=args.ngram_max, tree=tree,
+              **kw)
     m = res.metrics()
     return res, {"mean_accepted": m["mean_accepted"], "acceptance_per_position": m["acceptance_per_position"],
                  "num_cycles": m["num_cycles"], "draft_acceptance_rate": m.get("draft_acceptance_rate"),
@@ -108,7 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "no TF32), so with bfloat16 a speculative greedy run keeps the autoregressive "
                         "tokens far more often; slower. With --dtype float32 it only forces full-precision matmuls")
     g.add_argument("--method", default="ar", help=f"one of {', '.join(METHODS)}")
-    g.add_argument("--num-draft", type=int, default=4, help="K, draft tokens per cycle")
+    g.add_argument("--num-draft", type=int, default=None,
+                   help="K, draft tokens per cycle (default 4; with --tree, the tree's node count)")
+    g.add_argument("--tree", default=None,
+                   help="eagle3/medusa: draft a static tree: N (the head's fitted N-node tree, e.g. 15, 31, 63) "
+                        "or a JSON file of rank paths such as [[0], [1], [0, 0]]")
     g.add_argument("--draft-model", default=None)
     g.add_argument("--layerskip-layers", type=int, default=None)
     g.add_argument("--ngram-min", type=int, default=1)

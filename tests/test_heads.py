@@ -252,3 +252,35 @@ def test_shipped_eagle3_loop_accepts_what_its_training_unroll_predicts(smollm2):
     assert res.stats.cycles_B.sum() == cyc
     loop_acc = res.stats.accepted_BK.sum(0)
     assert np.abs(loop_acc - acc).max() <= 1, (loop_acc.tolist(), acc.tolist())
+
+
+@pytest.mark.assets
+@pytest.mark.parametrize("size", [15, 31])
+def test_shipped_eagle3_tree_accepts_what_its_training_unroll_ranks_predict(smollm2, size):
+    """Tree drafting, checked as the chain is above: along the accepted path a tree's node rows are the
+    chain's rows, so the loop's acceptance with the head's fitted tree equals the replay from the ranks of
+    the true tokens in the training unroll's steps (``tree_acceptance``), and its outputs equal AR greedy."""
+    from specjax.heads import shipped
+    from specjax.speculative.tree import Tree
+    from training.eagle3_ttt import draft_ranks, tree_acceptance
+    folder = shipped.ROOT / "smollm2-135m-instruct" / "eagle3"
+    if not (folder / "trees.json").is_file():
+        pytest.skip("no fitted trees beside the shipped eagle3 head")
+    lm = smollm2
+    ecfg, dp = shipped.load("smollm2-135m-instruct", "eagle3", lm.cfg, lm.params)
+    tree = Tree.load(folder / "trees.json", size, "eagle3")
+    new = 48
+    ids = [lm.encode(t, chat=True) for t in ("Write a Python function that reverses a string.",
+                                             "Explain why the sky is blue in three sentences.")]
+    ref = generate(lm.params, lm.cfg, ids, max_new_tokens=new + tree.depth, eos_token_ids=()).output_ids
+    cyc, acc = 0, np.zeros(tree.depth, int)
+    for p, out in zip(ids, ref):
+        c, a = tree_acceptance(draft_ranks(lm.params, ecfg, dp, np.asarray(p + out, np.int32), tree.depth),
+                               tree.paths, len(p), len(p) + new)
+        cyc, acc = cyc + c, acc + a
+    res = speculative_generate(lm.params, lm.cfg, ids, Eagle3(ecfg, tree), dp, max_new_tokens=new, eos_token_ids=())
+    assert res.output_ids == [o[:new] for o in ref]
+    assert 1 + acc.sum() / cyc > 2.0, acc  # the fitted tree accepts more than a chain's first draft
+    assert res.stats.cycles_B.sum() == cyc
+    loop_acc = res.stats.accepted_BK.sum(0)
+    assert np.abs(loop_acc - acc).max() <= 1, (loop_acc.tolist(), acc.tolist())

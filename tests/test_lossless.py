@@ -1,5 +1,6 @@
 """Losslessness at T > 0: the joint distribution of the first tokens that speculative decoding
-emits equals the target's exact distribution (enumerated from the model), for every drafter.
+emits equals the target's exact distribution (enumerated from the model), for every drafter, and for
+a draft tree (Medusa heads, 5 nodes of depth 2: the tree forward and the sampled tree verification).
 
 Setting: a tiny model with 16 tokens, top-p 0.9, K = 2. At T = 0.7 the first 4 tokens are tested
 (prefill token, then a cycle's two drafts and, after full acceptance, its bonus), at T = 1.0 the
@@ -21,12 +22,16 @@ import pytest
 from scipy import stats
 
 from specjax import config, model, sampling
+from specjax.heads import medusa
 from specjax.speculative import DraftModel, LayerSkip, NGram, speculative_generate, verify
+from specjax.speculative.drafters.medusa import Medusa
+from specjax.speculative.tree import Tree
 
 TV, ALPHA, POWER = 0.02, 1e-3, 0.99
 TOKENS = {0.7: 4, 1.0: 3}  # temperature -> first tokens whose joint distribution is tested
 TOP_P, K = 0.9, 2
 PROMPT = [1, 10, 12, 8, 10, 12, 8, 10, 12]  # [1] + the first 3 greedy tokens, repeated: n-gram hits
+MEDUSA_TREE = Tree(((0,), (1,), (2,), (0, 0), (1, 0)))  # depth 2 like K; siblings tried in rank order
 
 
 def _models():
@@ -86,19 +91,23 @@ def setting():
     exact = {t: exact_joint(params, cfg, t, m) for t, m in TOKENS.items()}
     n = max(required_samples(e) for e in exact.values())
     assert n <= 65536, f"the test needs {n} samples per run; retune the model to keep CI fast"
-    drafters = {"draft": (DraftModel(cfg), dparams), "layerskip": (LayerSkip(1), None), "ngram": (NGram(1, 2), None)}
+    mcfg = medusa.MedusaConfig(cfg, num_heads=2)
+    heads = jax.tree.map(lambda x: 0.3 * jax.random.normal(jax.random.key(4), x.shape), medusa.init_params(mcfg))
+    drafters = {"draft": (DraftModel(cfg), dparams), "layerskip": (LayerSkip(1), None), "ngram": (NGram(1, 2), None),
+                "medusa-tree": (Medusa(mcfg, MEDUSA_TREE), heads)}
     return cfg, params, drafters, exact, n
 
 
 def _sample(setting, method, temperature, seed):
     cfg, params, drafters, _, n = setting
     drafter, dp = drafters[method]
-    res = speculative_generate(params, cfg, [PROMPT] * n, drafter, dp, num_draft=K, max_new_tokens=TOKENS[temperature],
-                               temperature=temperature, top_p=TOP_P, seed=seed, capacity=16)
+    res = speculative_generate(params, cfg, [PROMPT] * n, drafter, dp, num_draft=None if drafter.tree else K,
+                               max_new_tokens=TOKENS[temperature], temperature=temperature, top_p=TOP_P, seed=seed,
+                               capacity=16 if drafter.tree is None else 32)
     return res.output_ids, res.metrics()["acceptance_per_position"]
 
 
-@pytest.mark.parametrize("method", ["draft", "layerskip", "ngram"])
+@pytest.mark.parametrize("method", ["draft", "layerskip", "ngram", "medusa-tree"])
 def test_speculative_sampling_is_lossless(setting, method):
     for temperature in TOKENS:
         outputs, acceptance = _sample(setting, method, temperature, seed=1)

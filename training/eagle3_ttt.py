@@ -97,3 +97,44 @@ def chain_acceptance(drafts_JT, text_T, start: int, end: int):
             n += 1
         L += n + 1
     return cycles, acc
+
+
+NOT_PROPOSED = 1 << 20  # the rank of a token a drafter cannot propose (outside the draft vocabulary, past the text)
+
+
+def draft_ranks(tp: dict, cfg: eagle3.Eagle3Config, dp: dict, text_T, num_steps: int) -> np.ndarray:
+    """Ranks ``[num_steps, T]`` (numpy): where ``text[t + 2 + j]`` stands in step j's draft-vocabulary logits at
+    row t (0 = the argmax, as ``greedy_drafts``); ``NOT_PROPOSED`` outside the draft vocabulary or the text."""
+    toks_1T = jnp.asarray(text_T, jnp.int32)[None]
+    _, taps, _ = model.forward(tp, cfg.target, toks_1T, taps=cfg.taps)
+    steps = ttt_logits(dp["params"], cfg, tp["embed"], toks_1T, taps, num_steps)
+    T = len(text_T)
+    inv = np.full(cfg.target.vocab_size, -1)
+    inv[np.asarray(dp["draft_ids"])] = np.arange(cfg.draft_vocab_size)
+    out = np.full((num_steps, T), NOT_PROPOSED)
+    for j, s in enumerate(steps):
+        rows = np.arange(max(0, T - 2 - j))
+        idx = inv[np.asarray(text_T)[rows + 2 + j]]
+        lg = np.asarray(s[0])[rows]
+        r = (lg > np.take_along_axis(lg, np.maximum(idx, 0)[:, None], axis=1)).sum(axis=1)
+        out[j, rows] = np.where(idx < 0, NOT_PROPOSED, r)
+    return out
+
+
+def tree_acceptance(ranks_JT, paths, start: int, end: int):
+    """``(cycles, accepted_J)`` of greedy decoding with a static draft tree (a set of rank paths, see
+    ``specjax.speculative.tree``), replayed offline as ``chain_acceptance`` does: a cycle whose last token is
+    ``text[L]`` accepts the longest prefix of the true tokens' ranks ``ranks_JT[:, L - 1]`` that is a tree path.
+    With the chain's paths ``(0,), (0, 0), ...`` this is ``chain_acceptance`` (rank 0 = the argmax draft)."""
+    paths = set(map(tuple, paths))
+    J = ranks_JT.shape[0]
+    cycles, acc = 0, np.zeros(J, int)
+    L = start
+    while L + 1 < end:
+        cycles += 1
+        n = 0
+        while n < J and tuple(int(r) for r in ranks_JT[:n + 1, L - 1]) in paths:
+            acc[n] += 1
+            n += 1
+        L += n + 1
+    return cycles, acc

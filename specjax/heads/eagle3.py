@@ -113,21 +113,25 @@ def finish(params: dict, cfg: Eagle3Config, h_BTD: jax.Array, attn_BTHd: jax.Arr
 
 
 def step(params: dict, cfg: Eagle3Config, embed_VD: jax.Array, tokens_BT: jax.Array, h_BTD: jax.Array,
-         cache: kv.KVCache) -> tuple[jax.Array, kv.KVCache]:
+         cache: kv.KVCache, pos_BT: jax.Array | None = None, mask_BTS: jax.Array | None = None
+         ) -> tuple[jax.Array, kv.KVCache]:
     """Run T draft rows appended at ``cache.lengths_B`` (row i at position lengths + i).
 
     ``tokens_BT`` are the tokens x_{s+1} of rows s, ``h_BTD`` the fused target features g_s (or the
     head's own previous outputs). Returns the pre-norm outputs [B, T, D] and the advanced cache.
+    Draft-tree rows pass their positions ``pos_BT`` and attention mask ``mask_BTS`` (``attention.tree_mask``).
     """
     c = cfg.layer
     B, T = tokens_BT.shape
     start_B = cache.lengths_B
-    cos, sin = rope_tables(c, start_B[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :])
+    if pos_BT is None:
+        pos_BT = start_B[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+    cos, sin = rope_tables(c, pos_BT)
     x = layer_input(params, cfg, jnp.take(embed_VD, tokens_BT, axis=0), h_BTD)
     qkv_BTNd = linear(x, params["wqkv"]).reshape(B, T, c.n_heads + 2 * c.n_kv_heads, c.head_dim)
     # RoPE, the cache writes and attention: one kernel on Hopper for T <= 16 (the target's layers use it too)
     o_BTHd, k_BSGd, v_BSGd = attention.attend_new_tokens(qkv_BTNd, cache.k[0], cache.v[0], cos, sin, start_B,
-                                                         c.n_heads)
+                                                         c.n_heads, mask_BTS=mask_BTS)
     return finish(params, cfg, h_BTD, o_BTHd), kv.KVCache(k=(k_BSGd,), v=(v_BSGd,), lengths_B=start_B + T)
 
 

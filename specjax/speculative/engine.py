@@ -48,19 +48,23 @@ def check_num_draft(num_draft, drafter: drafters.Drafter | None = None) -> int:
 
 
 def speculative_generate(params: dict, cfg: ModelConfig, prompts: list[list[int]], drafter: drafters.Drafter,
-                         draft_params: Any = None, *, num_draft: int = 4, max_new_tokens: int = 64,
+                         draft_params: Any = None, *, num_draft: int | None = None, max_new_tokens: int = 64,
                          temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                          eos_token_ids: tuple[int, ...] | None = None, pad_to: int = 0,
                          capacity: int | None = None) -> SpecResult:
     """Speculative decoding of a batch of token-id prompts; the output distribution is the target's.
 
-    At temperature 0 the outputs equal ``specjax.generate.generate``'s greedy outputs. ``pad_to``
+    At temperature 0 the outputs equal ``specjax.generate.generate``'s greedy outputs. ``num_draft`` (K)
+    defaults to 4 for a chain; a drafter with a ``tree`` drafts its N nodes (K = N). ``pad_to``
     fixes the prompt width (as in ``generate``: a sweep over prompts compiles once). ``capacity``
     (cache slots per sequence) defaults to a power-of-two bucket >= prompt + max_new + K + 1.
     """
     if not isinstance(drafter, drafters.Drafter):
         raise ValueError(f"drafter must be a specjax.speculative.drafters.Drafter, got {type(drafter).__name__}")
-    K = check_num_draft(num_draft, drafter)
+    if drafter.tree is not None:
+        K = drafter.tree.num_nodes if num_draft is None else num_draft  # validate() checks it equals N
+    else:
+        K = check_num_draft(4 if num_draft is None else num_draft, drafter)
     validate_request(cfg, prompts, max_new_tokens)
     drafter.validate(cfg, draft_params, K)
     sp = SamplingParams.make(temperature, top_k, top_p)
@@ -94,15 +98,17 @@ def speculative_generate(params: dict, cfg: ModelConfig, prompts: list[list[int]
                       method=drafter.name, stats=stats, compile_seconds=t1 - t0)
 
 
-def run(params: dict, cfg: ModelConfig, prompts: list[list[int]], *, method: str, num_draft: int,
-        draft_model=None, layerskip_layers: int | None = None, ngram_min: int = 1, ngram_max: int = 3,
+def run(params: dict, cfg: ModelConfig, prompts: list[list[int]], *, method: str, num_draft: int | None = None,
+        draft_model=None, layerskip_layers: int | None = None, ngram_min: int = 1, ngram_max: int = 3, tree=None,
         **generate_kw) -> SpecResult:
     """The CLI's entry: ``--method draft|layerskip|ngram|eagle3|medusa --num-draft K [--draft-model PATH]
-    [--layerskip-layers N] [--ngram-min A --ngram-max B]``; other keywords go to speculative_generate.
-    Draft models and heads are loaded in the target's dtype (see ``drafters.build``)."""
+    [--layerskip-layers N] [--ngram-min A --ngram-max B] [--tree N|FILE]``; other keywords go to
+    speculative_generate. Draft models and heads are loaded in the target's dtype (see ``drafters.build``)."""
     if method not in drafters.METHODS:
         raise ValueError(f"unknown speculative method {method!r}; expected one of {', '.join(drafters.METHODS)}")
-    check_num_draft(num_draft)  # before loading a draft model
+    if tree is None and num_draft is not None:
+        check_num_draft(num_draft)  # before loading a draft model
     drafter, dp = drafters.build(method, cfg, target_params=params, draft_model=draft_model,
-                                 layerskip_layers=layerskip_layers, ngram_min=ngram_min, ngram_max=ngram_max)
+                                 layerskip_layers=layerskip_layers, ngram_min=ngram_min, ngram_max=ngram_max,
+                                 tree=tree)
     return speculative_generate(params, cfg, prompts, drafter, dp, num_draft=num_draft, **generate_kw)

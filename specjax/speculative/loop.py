@@ -4,6 +4,10 @@ Each cycle: the drafter proposes K tokens; ONE target forward scores ``[last, d_
 ``verify`` accepts a prefix and emits one more token; each sequence then advances by its own count
 (cut at its EOS and its token budget), and both caches roll back by setting their lengths. The host
 sees the state twice: after the prefill (for TTFT) and after the loop.
+
+With a draft tree (``drafter.tree``) the K = N drafts are the tree's nodes: the forward runs them under
+the tree's attention mask, ``verify.tree_verify`` picks a path, the path's K/V rows move into position
+order (``cache.gather_rows``) and the drafter's ``update`` sees the path as if it had been a chain.
 """
 
 from __future__ import annotations
@@ -56,12 +60,13 @@ def prefill(tp: dict, dp: Any, tokens_BT: jax.Array, prompt_len_B: jax.Array, ma
     rows_B = jnp.arange(B)
     history_BS = jnp.zeros((B, capacity), jnp.int32).at[:, :T].set(tokens_BT).at[rows_B, prompt_len_B].set(tok_B)
     # capacity guard (writes past the end would be clamped silently): verify writes L..L+K, history L+1..L+K+1
+    depth = num_draft if drafter.tree is None else drafter.tree.depth  # the most drafts one cycle accepts
     budget_B = jnp.minimum(max_new, capacity - num_draft - 1 - prompt_len_B).astype(jnp.int32)
     draft_state = drafter.init(tp, dp, Prefill(tokens_BT, prompt_len_B, history_BS, taps), cfg)
     return SpecState(cycle=jnp.int32(0), history_BS=history_BS, last_B=tok_B, n_out_B=jnp.ones((B,), jnp.int32),
                      budget_B=budget_B, done_B=is_eos(tok_B, eos_ids) | (budget_B <= 1), cache=cache,
                      draft=draft_state, key=key, cycles_B=jnp.zeros((B,), jnp.int32),
-                     accepted_BK=jnp.zeros((B, num_draft), jnp.int32))
+                     accepted_BK=jnp.zeros((B, depth), jnp.int32))
 
 
 def emit_count(v: verify.Verdict, eos_ids: tuple[int, ...], room_B: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -81,15 +86,28 @@ def _write_rows(history_BS: jax.Array, new_BN: jax.Array, start_B: jax.Array) ->
     return jax.vmap(lambda h_S, x_N, s: jax.lax.dynamic_update_slice(h_S, x_N, (s,)))(history_BS, new_BN, start_B)
 
 
+def _score(tp, cfg, drafter, prop, s: SpecState, cache, sp, key):
+    """The target forward over ``[last, drafts]`` and the verdict; for a tree, the accepted path's K/V moved
+    into position order and the fed tokens and taps taken along it (what ``update`` sees of a chain)."""
+    L_B, tree = s.cache.lengths_B, drafter.tree
+    fed_BK1 = jnp.concatenate([s.last_B[:, None], prop.tokens_BK.astype(jnp.int32)], axis=1)
+    logits_BK1V, taps, cache = model.forward(tp, cfg, fed_BK1, kv.set_lengths(cache, L_B), taps=drafter.taps,
+                                             tree_TT=None if tree is None else tree.ancestors)
+    if tree is None:
+        return verify.verify(key, logits_BK1V, prop.tokens_BK, prop.q_BKV, sp), fed_BK1, taps, cache
+    v = verify.tree_verify(key, logits_BK1V, prop.tokens_BK, tree, sp)
+    taps = tuple(jnp.take_along_axis(t, v.nodes_BK1[:, :, None], axis=1) for t in taps)
+    return v, jnp.take_along_axis(fed_BK1, v.nodes_BK1, axis=1), taps, kv.gather_rows(cache, L_B, v.nodes_BK1)
+
+
 def _cycle(tp, dp, s: SpecState, sp, cfg, drafter, eos_ids) -> SpecState:
-    B, K = s.accepted_BK.shape
+    B, K = s.accepted_BK.shape  # K: the most drafts a cycle accepts (a tree's depth)
     key_draft, key_verify = jax.random.split(jax.random.fold_in(s.key, s.cycle))
     L_B = s.cache.lengths_B
-    ctx = Context(s.history_BS, L_B, s.last_B, key_draft, sp, num_draft=K)  # greedy: sp.is_greedy (static)
+    num_draft = K if drafter.tree is None else drafter.tree.num_nodes
+    ctx = Context(s.history_BS, L_B, s.last_B, key_draft, sp, num_draft=num_draft)  # greedy: sp.is_greedy (static)
     prop, draft_state, cache = drafter.propose(tp, dp, s.draft, ctx, s.cache, cfg)
-    fed_BK1 = jnp.concatenate([s.last_B[:, None], prop.tokens_BK.astype(jnp.int32)], axis=1)
-    logits_BK1V, taps, cache = model.forward(tp, cfg, fed_BK1, kv.set_lengths(cache, L_B), taps=drafter.taps)
-    v = verify.verify(key_verify, logits_BK1V, prop.tokens_BK, prop.q_BKV, sp)
+    v, fed_BK1, taps, cache = _score(tp, cfg, drafter, prop, s, cache, sp, key_verify)
 
     live_B = ~s.done_B
     count_B, hit_eos_B = emit_count(v, eos_ids, s.budget_B - s.n_out_B)

@@ -5,17 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from specjax.config import ModelConfig
 from specjax.speculative.drafters.base import Context, Drafter, Prefill, Proposal, Verified, draw
 from specjax.speculative.drafters.draft_model import DraftModel
 from specjax.speculative.drafters.layerskip import LayerSkip
 from specjax.speculative.drafters.ngram import NGram
+from specjax.speculative.tree import Tree
 
 METHODS = ("draft", "layerskip", "ngram", "eagle3", "medusa")
+TREE_METHODS = ("eagle3", "medusa")
 SHIPPED_TARGET = "smollm2-135m-instruct"  # whose shipped heads eagle3/medusa use without --draft-model
 
-__all__ = ["Context", "Drafter", "DraftModel", "LayerSkip", "METHODS", "NGram", "Prefill", "Proposal", "Verified",
-           "build", "draw"]
+__all__ = ["Context", "Drafter", "DraftModel", "LayerSkip", "METHODS", "NGram", "Prefill", "Proposal", "Tree",
+           "Verified", "build", "draw"]
 
 
 def _load_draft_model(draft_model, target_params, dtype):
@@ -42,32 +46,55 @@ def _shipped_draft(cfg: ModelConfig, target_params, dtype):
     return shipped.load(SHIPPED_TARGET, "draft", cfg, target_params, dtype)
 
 
-def _load_heads(method: str, draft_model, cfg: ModelConfig, target_params, dtype):
+def _tree(tree, method: str, folder: Path) -> Tree | None:
+    """A ``Tree``; an int N: the N-node tree fitted for this head (``trees.json`` in its folder); a path: a
+    JSON list of rank paths."""
+    if tree is None or isinstance(tree, Tree):
+        return tree
+    if isinstance(tree, (int, np.integer)) and not isinstance(tree, bool):
+        if not (folder / "trees.json").is_file():
+            raise ValueError(f"--tree {tree}: the head in {folder} has no fitted trees (trees.json); pass a JSON file "
+                             "of rank paths, e.g. [[0], [1], [0, 0]]")
+        return Tree.load(folder / "trees.json", int(tree), method)
+    path = Path(tree).expanduser()
+    if not path.is_file():
+        raise ValueError(f"tree must be a node count of a fitted tree, a JSON file of rank paths or a Tree, "
+                         f"got {tree!r}")
+    return Tree.load(path)
+
+
+def _load_heads(method: str, draft_model, cfg: ModelConfig, target_params, dtype, tree=None):
     from specjax.heads import eagle3_io, medusa_io, shipped
     from specjax.speculative.drafters.eagle3 import Eagle3
     from specjax.speculative.drafters.medusa import Medusa
     if draft_model is None:
+        folder = shipped.path(SHIPPED_TARGET, method)
         hcfg, dp = shipped.load(SHIPPED_TARGET, method, cfg, target_params, dtype)
     elif method == "eagle3":
+        folder = Path(draft_model).expanduser()
         hcfg, params, ids = eagle3_io.load_eagle3(draft_model, target=cfg, dtype=dtype)
         dp = {"params": params, "draft_ids": ids}
     else:
+        folder = Path(draft_model).expanduser()
         hcfg, dp = medusa_io.load_medusa(draft_model, cfg, dtype=dtype)
-    return (Eagle3 if method == "eagle3" else Medusa)(hcfg), dp
+    return (Eagle3 if method == "eagle3" else Medusa)(hcfg, _tree(tree, method, folder)), dp
 
 
 def build(method: str, cfg: ModelConfig, *, target_params: dict | None = None, draft_model=None, draft_dtype=None,
           layerskip_layers: int | None = None, exit_head: dict | None = None, ngram_min: int = 1,
-          ngram_max: int = 3) -> tuple[Drafter, Any]:
+          ngram_max: int = 3, tree=None) -> tuple[Drafter, Any]:
     """``(drafter, draft_params)`` for a method name, as the CLI's options describe it.
 
     ``draft_model``: for ``draft``, a path (.gguf, HF folder, or a slim folder sharing the target's
     embedding) or a loaded ``(ModelConfig, params)`` pair; for ``eagle3``/``medusa``, a head folder
     (default for all three: the draft model / head shipped for SmolLM2-135M-Instruct). Loaded in ``draft_dtype`` (default: the
-    target's). ``layerskip_layers`` defaults to half the depth.
+    target's). ``layerskip_layers`` defaults to half the depth. ``tree`` (eagle3, medusa): a ``Tree``, a node
+    count N (the N-node tree fitted for the head, from ``trees.json`` in its folder) or a JSON file of rank paths.
     """
     if method not in METHODS:
         raise ValueError(f"unknown speculative method {method!r}; expected one of {', '.join(METHODS)}")
+    if tree is not None and method not in TREE_METHODS:
+        raise ValueError(f"draft trees are drafted by {' and '.join(TREE_METHODS)}, not {method!r}")
     if draft_dtype is None and target_params is not None:
         draft_dtype = target_params["embed"].dtype
     if method == "draft":
@@ -84,4 +111,4 @@ def build(method: str, cfg: ModelConfig, *, target_params: dict | None = None, d
         return LayerSkip(n), exit_head
     if method == "ngram":
         return NGram(int(ngram_min), int(ngram_max)), None
-    return _load_heads(method, draft_model, cfg, target_params, draft_dtype)
+    return _load_heads(method, draft_model, cfg, target_params, draft_dtype, tree)

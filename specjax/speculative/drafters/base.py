@@ -13,6 +13,8 @@ Heads (EAGLE-3, Medusa) declare the target hidden states they consume in ``taps`
 ``model.forward``): the loop computes them in the prefill and in every verify forward, and hands
 them over in ``Prefill.taps`` ([B, T, D] per tap) and ``Verified.taps`` ([B, K+1, D] per tap, for
 the fed tokens ``[last, d_1..d_K]``; the first ``num_new`` of them are now part of the context).
+With a draft tree (``Drafter.tree``), ``propose`` returns the N nodes' tokens (tree order, q None) and
+``Verified`` holds the fed tokens and taps along the accepted path, ``depth + 1`` rows: a chain's view.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from specjax import sampling
 from specjax.cache import KVCache
 from specjax.config import ModelConfig
 from specjax.sampling import SamplingParams
+from specjax.speculative.tree import Tree
 
 _static = dict(static=True)
 
@@ -84,8 +87,21 @@ class Drafter:
     name: ClassVar[str] = "drafter"  # the CLI's --method name
     max_draft: ClassVar[int | None] = None  # largest K supported (None: any), e.g. Medusa's head count
 
+    @property
+    def tree(self) -> Tree | None:
+        """The static draft tree; drafters that draft trees (EAGLE-3, Medusa) have it as a field (None: a chain)."""
+        return None
+
     def validate(self, cfg: ModelConfig, dp: Any, num_draft: int) -> None:
         """Host-side checks before compiling; raise ValueError saying what is wrong."""
+        if self.tree is not None:
+            if num_draft != self.tree.num_nodes:
+                raise ValueError(f"with a draft tree, num_draft is its node count {self.tree.num_nodes}, "
+                                 f"got {num_draft}")
+            if self.max_draft is not None and self.tree.depth > self.max_draft:
+                raise ValueError(f"{self.name} drafts at most {self.max_draft} tokens deep, got a tree of depth "
+                                 f"{self.tree.depth}")
+            return
         if self.max_draft is not None and num_draft > self.max_draft:
             raise ValueError(f"{self.name} proposes at most {self.max_draft} tokens per cycle, "
                              f"got num_draft={num_draft}")
@@ -96,7 +112,8 @@ class Drafter:
 
     def propose(self, tp: dict, dp: Any, state: Any, ctx: Context, target_cache: KVCache,
                 cfg: ModelConfig) -> tuple[Proposal, Any, KVCache]:
-        """K draft tokens and their q. ``target_cache`` is threaded through so self-speculative
+        """K draft tokens and their q (with a tree: its N nodes' tokens in the tree's order, q None).
+        ``target_cache`` is threaded through so self-speculative
         drafters can write their layers' K/V in place (the verify forward overwrites positions
         L..L+K); others return it unchanged. Its ``lengths_B`` must come back unchanged."""
         raise NotImplementedError

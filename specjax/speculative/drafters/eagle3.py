@@ -7,6 +7,11 @@ features (its chained rows there are stale and overwritten), so at each cycle it
 chained rows L..L+k-2 that feed the head's own output back. Cost per cycle: one (K+1)-row step in
 ``update`` + (K-1) one-row steps in ``propose``.
 
+With a ``tree`` the head drafts level by level: the children of a node are the head's top-ranked tokens
+at that node's row, and the nodes of depth d run as one step of as many rows (depth - 1 steps in all), at
+position L + d - 1, written to scratch slots L + i - 1 (node i), each seeing the context and its own
+ancestors (``attention.tree_mask``). Like the chain's, these rows are stale after the cycle.
+
 ``dp = {"params": head params, "draft_ids": int32 [N]}``; the token embedding is the target's.
 """
 
@@ -18,9 +23,11 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
+from specjax import attention
 from specjax import cache as kv
 from specjax.heads import eagle3
 from specjax.speculative.drafters.base import Context, Drafter, Prefill, Proposal, Verified, draw, row_at
+from specjax.speculative.tree import Tree
 
 
 def shape_of(cfg) -> tuple:
@@ -31,6 +38,7 @@ def shape_of(cfg) -> tuple:
 class Eagle3(Drafter):
     name: ClassVar[str] = "eagle3"
     cfg: eagle3.Eagle3Config
+    tree: Tree | None = None
 
     @property
     def taps(self) -> tuple[int, ...]:
@@ -63,6 +71,8 @@ class Eagle3(Drafter):
         return {"cache": kv.set_lengths(cache, pre.lengths_B), "h_BD": row_at(h_BTD, pre.lengths_B - 1)}
 
     def propose(self, tp, dp, state, ctx: Context, target_cache, cfg):
+        if self.tree is not None:
+            return Proposal(self._tree_nodes(tp, dp, state), None), state, target_cache
         K, V = ctx.num_draft, cfg.vocab_size
         keys = jax.random.split(ctx.key, K)
         tok_B, q_BV = self._draw(keys[0], state["h_BD"], dp, ctx, V)
@@ -79,6 +89,32 @@ class Eagle3(Drafter):
         tokens_BK = jnp.concatenate([tok_B[:, None], rest_NB.T], axis=1)
         q_BKV = None if q_BV is None else jnp.concatenate([q_BV[:, None], rest_q.transpose(1, 0, 2)], axis=1)
         return Proposal(tokens_BK, q_BKV), state, target_cache  # the chain's rows are stale: keep the old cache
+
+    def _tree_nodes(self, tp, dp, state):
+        """Token ids [B, N] of the tree's nodes (draft-vocabulary ranks mapped to target ids)."""
+        tree, params = self.tree, dp["params"]
+        cache, L_B = state["cache"], state["cache"].lengths_B
+        B, D = state["h_BD"].shape
+        visible_NN = tree.ancestors[1:, 1:]  # node i's row sits at slot L + i - 1
+
+        def children(h_BnD, d):  # the draft ids of the nodes at depth d, from their parents' outputs
+            top_BnR = jax.lax.top_k(eagle3.logits(params, self.cfg, h_BnD), tree.top_k(d))[1]
+            lo, hi = tree.level(d)
+            plo = tree.level(d - 1)[0] if d > 1 else 0
+            return top_BnR[:, tree.parent[lo:hi] - plo, tree.ranks[lo:hi]]
+
+        ids = [children(state["h_BD"][:, None], 1)]
+        h_BnD = jnp.broadcast_to(state["h_BD"][:, None], (B, ids[0].shape[1], D))
+        for d in range(1, tree.depth):
+            lo, hi = tree.level(d)
+            mask_BTS = attention.tree_mask(visible_NN[lo - 1:hi - 1], L_B, cache.capacity)
+            pos_BT = jnp.broadcast_to((L_B + d - 1)[:, None], (B, hi - lo))
+            out_BnD, cache = eagle3.step(params, self.cfg, tp["embed"], jnp.take(dp["draft_ids"], ids[-1]),
+                                         h_BnD, kv.set_lengths(cache, L_B + lo - 1), pos_BT, mask_BTS)
+            ids.append(children(out_BnD, d + 1))
+            nlo, nhi = tree.level(d + 1)
+            h_BnD = out_BnD[:, tree.parent[nlo:nhi] - lo]
+        return jnp.take(dp["draft_ids"], jnp.concatenate(ids, axis=1)).astype(jnp.int32)
 
     def update(self, tp, dp, state, ver: Verified):
         K1 = ver.fed_BK1.shape[1]

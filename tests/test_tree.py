@@ -1,0 +1,198 @@
+"""Draft trees on a tiny random target (CPU, float32): the tree's tables, the masked verify forward
+against plain forwards of each node's path, moving the accepted path's K/V into place, greedy and
+sampled tree verification (against a brute-force walk and the target's exact distribution), and
+tree decoding with the EAGLE-3 and Medusa drafters equal to AR greedy."""
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from specjax import cache as kv
+from specjax import model, sampling
+from specjax.generate import generate
+from specjax.heads import eagle3, medusa
+from specjax.speculative import speculative_generate, verify
+from specjax.speculative.drafters.eagle3 import Eagle3
+from specjax.speculative.drafters.medusa import Medusa
+from specjax.speculative.tree import Tree
+from training import tiny
+
+# 9 nodes, depth 3, up to 3 children; BFS order: (0,) (1,) (2,) (0,0) (0,1) (1,0) (2,0) (0,0,0) (0,1,0)
+TREE = Tree(((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (2, 0), (0, 1, 0)))
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny.target()
+
+
+def test_tree_tables():
+    t = TREE
+    assert t.num_nodes == 9 and t.depth == 3
+    assert t.paths[:4] == ((0,), (1,), (2,), (0, 0))
+    assert t.parent.tolist() == [0, 0, 0, 0, 1, 1, 2, 3, 4, 5]
+    assert t.depths.tolist() == [0, 1, 1, 1, 2, 2, 2, 2, 3, 3]
+    assert t.children[0].tolist() == [1, 2, 3] and t.children[1].tolist() == [4, 5, -1]
+    assert t.path_to[9].tolist() == [0, 1, 5, 9] and t.path_to[2].tolist() == [0, 2, 2, 2]
+    assert t.ancestors[9].nonzero()[0].tolist() == [0, 1, 5, 9]
+    assert t.level(2) == (4, 8) and t.top_k(1) == 3 and t.top_k(2) == 2
+    assert Tree.chain(3).paths == ((0,), (0, 0), (0, 0, 0)) and Tree.chain(3).is_chain() and not t.is_chain()
+    assert hash(Tree(((1,), (0,)))) == hash(Tree(((0,), (1,))))
+
+
+@pytest.mark.parametrize("paths, match", [((), "1..127 nodes"), (((0,), (0,)), "distinct"),
+                                          (((0, 0),), "not prefix-closed"), (((0,), ()), "non-empty"),
+                                          (((-1,),), "ranks >= 0"), ("ab", "rank paths")])
+def test_bad_trees(paths, match):
+    with pytest.raises(ValueError, match=match):
+        Tree(paths)
+
+
+def _prefilled(cfg, tp, prompts, capacity=48):
+    toks = np.zeros((len(prompts), max(map(len, prompts))), np.int32)
+    for b, p in enumerate(prompts):
+        toks[b, :len(p)] = p
+    cache = kv.init_cache(cfg, len(prompts), capacity)
+    _, _, cache = model.forward(tp, cfg, jnp.asarray(toks), cache)
+    return kv.set_lengths(cache, jnp.asarray([len(p) for p in prompts]))
+
+
+def test_tree_forward_rows_equal_plain_forwards_of_their_paths(target):
+    """Row i of the masked forward over [root, nodes] equals the last row of a plain cached forward over
+    the root and node i's ancestors (positions, mask and taps), for ragged cache lengths."""
+    cfg, tp = target
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [3, 4]]
+    cache = _prefilled(cfg, tp, prompts)
+    toks_BN1 = jnp.asarray(np.random.default_rng(0).integers(1, cfg.vocab_size, (2, TREE.num_nodes + 1)), jnp.int32)
+    logits, taps, _ = model.forward(tp, cfg, toks_BN1, cache, taps=(1,), tree_TT=TREE.ancestors)
+    for i in range(TREE.num_nodes + 1):
+        path = TREE.path_to[i][:TREE.depths[i] + 1]
+        ref_logits, ref_taps, _ = model.forward(tp, cfg, toks_BN1[:, path], cache, taps=(1,))
+        np.testing.assert_allclose(logits[:, i], ref_logits[:, -1], rtol=2e-5, atol=2e-5)
+        np.testing.assert_allclose(taps[0][:, i], ref_taps[0][:, -1], rtol=2e-5, atol=2e-5)
+
+
+def test_gather_rows_puts_the_accepted_path_in_position_order(target):
+    cfg, tp = target
+    cache = _prefilled(cfg, tp, [[5, 6, 7, 8], [3, 4, 5, 6, 7, 8]])
+    toks_BN1 = jnp.asarray(np.random.default_rng(1).integers(1, cfg.vocab_size, (2, TREE.num_nodes + 1)), jnp.int32)
+    _, _, tree_cache = model.forward(tp, cfg, toks_BN1, cache, tree_TT=TREE.ancestors)
+    nodes_BK1 = jnp.asarray([TREE.path_to[9], TREE.path_to[6]])  # depth 3 and depth 2 (padded with itself)
+    moved = kv.gather_rows(tree_cache, cache.lengths_B, nodes_BK1)
+    for b, n in enumerate((3, 2)):
+        path = nodes_BK1[b, :n + 1]
+        _, _, chain = model.forward(tp, cfg, toks_BN1[b:b + 1, path], kv.KVCache(
+            k=tuple(c[b:b + 1] for c in cache.k), v=tuple(c[b:b + 1] for c in cache.v),
+            lengths_B=cache.lengths_B[b:b + 1]))
+        L = int(cache.lengths_B[b])
+        for got, want in zip(moved.k + moved.v, chain.k + chain.v):
+            np.testing.assert_allclose(got[b, :L + n + 1], want[0, :L + n + 1], rtol=1e-5, atol=1e-6)
+
+
+def _walk(t_N1, nodes_N, tree, cur=0, path=(0,)):
+    """Brute force: every path from the root whose nodes equal their parent's argmax; the deepest wins
+    (siblings may repeat a token; ties go to the lower end node). Returns (n, tokens, path)."""
+    best = (len(path) - 1, [int(t_N1[j]) for j in path], list(path))
+    for c in tree.children[cur]:
+        if c >= 0 and nodes_N[c - 1] == t_N1[cur]:
+            cand = _walk(t_N1, nodes_N, tree, c, path + (c,))
+            if (cand[0], -cand[2][-1]) > (best[0], -best[2][-1]):
+                best = cand
+    return best
+
+
+def test_greedy_tree_verify_equals_a_brute_force_walk():
+    V, B = 3, 256  # a tiny vocabulary, so that long paths and sibling duplicates occur
+    rng = np.random.default_rng(2)
+    logits = rng.normal(size=(B, TREE.num_nodes + 1, V)).astype(np.float32)
+    nodes = rng.integers(0, V, (B, TREE.num_nodes)).astype(np.int32)
+    v = verify.tree_verify(jax.random.key(0), jnp.asarray(logits), jnp.asarray(nodes), TREE,
+                           sampling.SamplingParams.make(0.0))
+    depths = collections.Counter()
+    for b in range(B):
+        n, toks, path = _walk(logits[b].argmax(-1), nodes[b], TREE)
+        depths[n] += 1
+        assert int(v.num_accepted_B[b]) == n
+        assert v.tokens_BK1[b, :n + 1].tolist() == toks and v.nodes_BK1[b, :n + 1].tolist() == path
+    assert all(depths[d] > 0 for d in range(TREE.depth + 1)), depths
+
+
+def _sampled_tree_verify_check():
+    V, n = 6, 60000
+    rng = np.random.default_rng(7)  # every p checked below has >= 4 tokens after top-p
+    logits_N1V = rng.normal(size=(TREE.num_nodes + 1, V)).astype(np.float32) * 0.8
+    nodes_N = np.array([2, 0, 2, 1, 3, 4, 0, 5, 1], np.int32)  # root's children 2, 0, 2 (a duplicate)
+    sp = sampling.SamplingParams.make(0.8, 0, 0.95)
+    p_N1V = np.asarray(sampling.probs(jnp.asarray(logits_N1V), sp), np.float64)
+    v = verify.tree_verify(jax.random.key(4), jnp.broadcast_to(jnp.asarray(logits_N1V), (n,) + logits_N1V.shape),
+                           jnp.broadcast_to(jnp.asarray(nodes_N), (n, TREE.num_nodes)), TREE, sp)
+    toks, num = np.asarray(v.tokens_BK1), np.asarray(v.num_accepted_B)
+    assert (num >= 1).mean() > 0.3 and (num >= 2).mean() > 0.05  # the test exercises acceptance
+
+    def check(samples, p_V):
+        exp = p_V * len(samples)
+        keep = exp > 0
+        obs = np.bincount(samples, minlength=V)
+        assert obs[~keep].sum() == 0 and keep.sum() > 1  # a one-token p would test nothing
+        assert stats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue > 1e-3
+
+    check(toks[:, 0], p_N1V[0])
+    for x, node in ((0, 2), (2, 1), (1, 4)):  # token x accepted at node (the first child carrying x)
+        sel = (num >= 1) & (toks[:, 0] == x) if node < 4 else (num >= 2) & (toks[:, 1] == x) & (toks[:, 0] == 2)
+        col = 1 if node < 4 else 2
+        assert sel.sum() > 500
+        check(toks[sel, col], p_N1V[node])
+
+
+def test_sampled_tree_verify_emits_the_target_distribution():
+    """At the verifier: the first emitted token follows the root's p, and after an accepted node x the
+    next one follows x's p (top-p filtered, T = 0.8), whatever the nodes are (siblings repeat a token)."""
+    _sampled_tree_verify_check()
+
+
+def test_a_tree_verifier_that_forgets_rejected_children_fails_the_check(monkeypatch):
+    monkeypatch.setattr(verify, "_remove", lambda p_BV, x_B, where_B: p_BV)
+    with pytest.raises(AssertionError):
+        _sampled_tree_verify_check()
+
+
+@pytest.fixture(scope="module")
+def drafters(target):
+    cfg, tp = target
+    ecfg = eagle3.Eagle3Config(cfg, draft_vocab_size=96)
+    ids = jnp.asarray(np.sort(np.random.default_rng(0).choice(cfg.vocab_size, 96, replace=False)), jnp.int32)
+    hp = eagle3.init_params(ecfg, jax.random.key(1), tp, ids, scale=0.1)
+    mcfg = medusa.MedusaConfig(cfg, num_heads=3)
+    mp = jax.tree.map(lambda x: 0.05 * jax.random.normal(jax.random.key(2), x.shape), medusa.init_params(mcfg))
+    return {"eagle3": (Eagle3(ecfg, TREE), {"params": hp, "draft_ids": ids}), "medusa": (Medusa(mcfg, TREE), mp)}
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+def test_tree_decoding_equals_ar_greedy(target, drafters, kind):
+    cfg, tp = target
+    drafter, dp = drafters[kind]
+    prompts = [[5, 6, 7, 8, 9], [3, 4], list(range(10, 31))]
+    free = generate(tp, cfg, prompts, max_new_tokens=24, eos_token_ids=())
+    eos = free.output_ids[0][5]  # a token of the first output as EOS: rows stop at different cycles
+    ref = generate(tp, cfg, prompts, max_new_tokens=24, eos_token_ids=(eos,))
+    out = speculative_generate(tp, cfg, prompts, drafter, dp, max_new_tokens=24, eos_token_ids=(eos,))
+    assert out.output_ids == ref.output_ids
+    assert out.stats.accepted_BK.shape == (3, TREE.depth) and out.stats.num_draft == TREE.num_nodes
+    for n, c, a in zip(out.new_tokens, out.stats.cycles_B, out.stats.accepted_BK.sum(axis=1)):
+        assert c <= n - 1 <= c + a
+
+
+def test_tree_options_are_checked(target, drafters):
+    cfg, tp = target
+    drafter, dp = drafters["medusa"]
+    with pytest.raises(ValueError, match="node count 9"):
+        speculative_generate(tp, cfg, [[1, 2]], drafter, dp, num_draft=4)
+    deep = Medusa(drafter.cfg, Tree.chain(4))
+    with pytest.raises(ValueError, match="at most 3 tokens deep"):
+        speculative_generate(tp, cfg, [[1, 2]], deep, dp)
+    with pytest.raises(ValueError, match="ancestor mask"):
+        model.forward(tp, cfg, jnp.ones((1, 3), jnp.int32), tree_TT=TREE.ancestors)
