@@ -79,5 +79,8 @@ def gather_rows(cache: KVCache, start_B: jax.Array, rows_BR: jax.Array) -> KVCac
         return jax.lax.dynamic_update_slice(c_SGd, jnp.take(c_SGd, s + r_R, axis=0, mode="clip"), (s, 0, 0))
 
     def layer(c_BSGd):
+        if c_BSGd.shape[0] == 1:  # one in-place dynamic-update-slice, as ``write`` (vmap would make a scatter)
+            rows_1RGd = jnp.take(c_BSGd, start_B[0] + rows_BR[0].astype(jnp.int32), axis=1, mode="clip")
+            return jax.lax.dynamic_update_slice(c_BSGd, rows_1RGd, (0, start_B[0], 0, 0))
         return jax.vmap(one)(c_BSGd, rows_BR.astype(jnp.int32), start_B)
     return cache.replace(k=tuple(map(layer, cache.k)), v=tuple(map(layer, cache.v)))

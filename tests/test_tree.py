@@ -83,6 +83,11 @@ def test_gather_rows_puts_the_accepted_path_in_position_order(target):
     _, _, tree_cache = model.forward(tp, cfg, toks_BN1, cache, tree_TT=TREE.ancestors)
     nodes_BK1 = jnp.asarray([TREE.path_to[9], TREE.path_to[6]])  # depth 3 and depth 2 (padded with itself)
     moved = kv.gather_rows(tree_cache, cache.lengths_B, nodes_BK1)
+    for b in range(2):  # one sequence alone takes the in-place path (no vmap): the same rows
+        alone = kv.gather_rows(jax.tree.map(lambda x: x[b:b + 1], tree_cache), cache.lengths_B[b:b + 1],
+                               nodes_BK1[b:b + 1])
+        for got, want in zip(alone.k + alone.v, moved.k + moved.v):
+            np.testing.assert_array_equal(got[0], want[b])
     for b, n in enumerate((3, 2)):
         path = nodes_BK1[b, :n + 1]
         _, _, chain = model.forward(tp, cfg, toks_BN1[b:b + 1, path], kv.KVCache(
