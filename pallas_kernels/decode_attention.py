@@ -37,7 +37,10 @@ token's source rows end with a row of its sum of squares, and the kernel scales 
 RoPE (benchmarks/NOTES.md item 20).
 
 Mask: key slot ``s`` is visible to query ``(b, t)`` iff ``s <= q_pos[b, t]`` (and ``s < S``). Rows
-that see no key return 0. Output: float32 ``[B, T, H, d]``.
+that see no key return 0. Output: float32 ``[B, T, H, d]``. Draft trees (fused form, ``tree_bits``): the
+T new tokens are tree nodes written at consecutive slots, and a query also needs, among the slots from
+``base = start - tree_offset`` on, bit ``s - base`` of its ``tree_bits[t]`` (its ancestors and itself);
+slots before ``base`` are the context and stay visible (``rope_attention_write``).
 
 Numerics: scores and softmax in float32 (exp2 with the scale folded in), probabilities rounded to
 the cache dtype for the PV product (as in the model's XLA reference), float32 accumulation.
@@ -133,6 +136,7 @@ class _Layout:
     fused: bool       # source is q|k|v before RoPE: rotate, substitute new keys, write them to the cache
     norm_dim: int = 0     # fused, > 0: each token's last source row holds the sum of squares of the layer's
     norm_eps: float = 0.0  # input over norm_dim elements; q|k|v are scaled by rsqrt(sum / norm_dim + eps)
+    tree_offset: int = -1  # fused, >= 0: a draft tree's rows, masked by a bits input from start - tree_offset on
 
     @property
     def R(self) -> int:
@@ -204,10 +208,11 @@ def _new_rows(refs, L: _Layout, g, t_M, mask_M, dtype):
     return k.astype(dtype), v.astype(dtype)
 
 
-def _key_block(i, carry, *, q_Md, k_ref, v_ref, pos_M, start, L: _Layout, new):
+def _key_block(i, carry, *, q_Md, k_ref, v_ref, pos_M, start, L: _Layout, new, tree=None):
     """One online-softmax step over keys [start + i*block_k, +block_k) (inside kernel 1). ``new``
     (fused mode: (refs, g, first new slot)) replaces the cache's rows of this call's tokens by the
-    K/V computed here, so no kernel reads a row while another writes it."""
+    K/V computed here, so no kernel reads a row while another writes it. ``tree`` (bits per row, base
+    slot): a key at or past the base also needs its bit."""
     acc_Md, m_M, l_M = carry
     first = start + i * L.block_k
     key_K = first + lax.broadcasted_iota(jnp.int32, (L.block_k,), 0)
@@ -225,6 +230,11 @@ def _key_block(i, carry, *, q_Md, k_ref, v_ref, pos_M, start, L: _Layout, new):
         k_Kd, v_Kd = lax.cond((first < slot0 + L.T) & (first + L.block_k > slot0), merge, lambda: (k_Kd, v_Kd))
     s_MK = plgpu.dot(q_Md, k_Kd, trans_b=True) * L.scale_log2        # log2 domain
     visible = (key_K[None, :] <= pos_M[:, None]) & in_cache[None, :]
+    if tree is not None:
+        bits_M, base = tree
+        rel_K = key_K - base
+        bit_MK = lax.shift_right_arithmetic(bits_M[:, None], jnp.clip(rel_K, 0, 31)[None, :]) & 1
+        visible = visible & ((rel_K[None, :] < 0) | (bit_MK == 1))
     s_MK = jnp.where(visible, s_MK, -jnp.inf)
     m_new = jnp.maximum(m_M, s_MK.max(axis=1))
     m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)               # rows that saw nothing yet
@@ -265,7 +275,10 @@ def _split_kernel(*refs, L: _Layout):
     (unnormalised, only rows that saw a key), m and l [block_m], a split holding no visible key
     storing nothing. Fused mode adds the caches (aliased to the inputs); program (b, g, 0, 0)
     writes the new rows."""
-    if L.fused:
+    bits_ref = None
+    if L.fused and L.tree_offset >= 0:
+        src_ref, pos_ref, cos_ref, sin_ref, k_ref, v_ref, bits_ref, *out_refs, k_out_ref, v_out_ref = refs
+    elif L.fused:
         src_ref, pos_ref, cos_ref, sin_ref, k_ref, v_ref, *out_refs, k_out_ref, v_out_ref = refs
     else:
         (src_ref, pos_ref, k_ref, v_ref, *out_refs), cos_ref = refs, None
@@ -275,10 +288,12 @@ def _split_kernel(*refs, L: _Layout):
     start = j * L.split_len
     n_keys = jnp.clip(_last_key(pos_M, L.S) + 1 - start, 0, L.split_len)
     n_blocks = lax.div(n_keys + L.block_k - 1, L.block_k)
-    new = None
+    new = tree = None
     if L.fused:
         slot0, rope = pos_ref[0], (src_ref, cos_ref, sin_ref)
         new = (rope, g, slot0)
+        if bits_ref is not None:
+            tree = (jnp.where(valid_M, plgpu.load(bits_ref.at[t_M]), 0), slot0 - L.tree_offset)
 
         @pl.when((i == 0) & (j == 0))
         def _():
@@ -294,7 +309,7 @@ def _split_kernel(*refs, L: _Layout):
         init = (jnp.zeros((M, L.d), jnp.float32), jnp.full((M,), -jnp.inf, jnp.float32),
                 jnp.zeros((M,), jnp.float32))
         step = functools.partial(_key_block, q_Md=q_Md, k_ref=k_ref, v_ref=v_ref, pos_M=pos_M, start=start,
-                                 L=L, new=new)
+                                 L=L, new=new, tree=tree)
         if one_block:  # its loads need not wait for the positions (keys past them are masked anyway)
             return step(0, init)
         return lax.fori_loop(0, n_blocks, step, init)
@@ -359,14 +374,16 @@ def _combine_kernel(pos_ref, o_ref, m_ref, l_ref, out_ref, *, L: _Layout):
 
 # ------------------------------------------------------------------------------------- builder
 def _build(B: int, L: _Layout, cfg: TuningConfig, interpret: bool):
-    """Builder (not a kernel): ``fn(src, pos, [cos, sin,] k, v) -> o [B, T*H, d]`` float32, plus the
-    updated caches in fused mode."""
+    """Builder (not a kernel): ``fn(src, pos, [cos, sin,] k, v[, tree bits]) -> o [B, T*H, d]`` float32, plus
+    the updated caches in fused mode."""
     n_splits = L.n_splits
     tiles = packed_rows(L.R, L.block_m) // L.block_m
     params = plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     per_b = lambda *shape: pl.BlockSpec((None, *shape), lambda b, g, i, j: (b,) + (0,) * len(shape))
     cache_spec = pl.BlockSpec((None, L.S, None, L.d), lambda b, g, i, j: (b, 0, g, 0))
     in_specs = [per_b(L.T * L.N, L.d), per_b(L.T)] + ([per_b(L.T, L.d)] * 2 if L.fused else []) + [cache_spec] * 2
+    if L.tree_offset >= 0:
+        in_specs.append(pl.BlockSpec((L.T,), lambda b, g, i, j: (0,)))
     o_shape = jax.ShapeDtypeStruct((B, L.T * L.H, L.d), jnp.float32)
     if n_splits == 1:
         out_shape, out_specs = [o_shape], [per_b(L.T * L.H, L.d)]
@@ -397,7 +414,7 @@ def _build(B: int, L: _Layout, cfg: TuningConfig, interpret: bool):
         name="decode_attention_combine")
 
     def fn(src, pos, *rest):
-        caches = rest[-2:]
+        caches = rest[2:4] if L.fused else rest[-2:]
         shapes = out_shape + ([jax.ShapeDtypeStruct(c.shape, c.dtype) for c in caches] if L.fused else [])
         outs = split(out_shape=shapes)(src, pos, *rest)
         o = outs[0] if n_splits == 1 else combine(pos, *outs[:3])
@@ -425,12 +442,13 @@ def _check(q_shape, k, v, q_dtype):
         raise ValueError(f"head dim must be 64, 128 or 256, got {d}")
 
 
-def _layout(B, T, H, G, N, S, d, config, scale, fused, norm_dim=0, norm_eps=0.0):
+def _layout(B, T, H, G, N, S, d, config, scale, fused, norm_dim=0, norm_eps=0.0, tree_offset=-1):
     cfg = config or default_config(B, G, H // G, d)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     n_splits, split_len = split_geometry(S, cfg)
     L = _Layout(T=T, H=H, G=G, N=N, S=S, d=d, block_m=cfg.block_m, block_k=cfg.block_k, split_len=split_len,
-                n_splits=n_splits, scale_log2=scale * _LOG2E, fused=fused, norm_dim=norm_dim, norm_eps=norm_eps)
+                n_splits=n_splits, scale_log2=scale * _LOG2E, fused=fused, norm_dim=norm_dim, norm_eps=norm_eps,
+                tree_offset=tree_offset)
     return L, cfg
 
 
@@ -450,10 +468,12 @@ def decode_attention(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, *, scale: float | None = 
     return o.reshape(B, T, H, d)
 
 
-@functools.partial(jax.jit, static_argnames=("n_heads", "scale", "config", "interpret", "norm_dim", "norm_eps"))
+@functools.partial(jax.jit, static_argnames=("n_heads", "scale", "config", "interpret", "norm_dim", "norm_eps",
+                                             "tree_offset"))
 def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *, n_heads: int,
                          scale: float | None = None, config: TuningConfig | None = None,
-                         interpret: bool = False, norm_dim: int = 0, norm_eps: float = 0.0):
+                         interpret: bool = False, norm_dim: int = 0, norm_eps: float = 0.0,
+                         tree_bits_T: jax.Array | None = None, tree_offset: int = 0):
     """Jitted entry, one launch (two with several splits) for a decoder layer's attention over T <= 16
     new tokens per sequence: ``qkv_BTNd`` [B, T, H + 2G, d] is the q|k|v projection before RoPE
     (float32; heads in HF order), ``cos_BTd`` / ``sin_BTd`` the rotate-half tables of positions
@@ -466,7 +486,11 @@ def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *,
     ``norm_dim > 0`` (RMSNorm folded in, ``specjax.attention.attend_new_tokens(norm=...)``): qkv has one
     more head, [B, T, H + 2G + 1, d], holding each token's sum of squares over the ``norm_dim`` elements of
     the layer's input in all d entries, and the kernel scales the token's q|k|v rows by
-    ``rsqrt(sum / norm_dim + norm_eps)`` before RoPE."""
+    ``rsqrt(sum / norm_dim + norm_eps)`` before RoPE.
+
+    ``tree_bits_T`` (int32 [T]; draft-tree rows, e.g. ``specjax.speculative.tree``): query t sees a slot s at
+    or past ``start - tree_offset`` only where bit ``s - start + tree_offset`` of ``tree_bits_T[t]`` is set
+    (bits 0..30: its ancestors' slots and its own); cos/sin carry the rows' own positions (their depth)."""
     (B, T, N, d), (S, G) = qkv_BTNd.shape, k_BSGd.shape[1:3]
     H, extra = n_heads, int(norm_dim > 0)
     if norm_dim < 0 or (norm_dim and not norm_eps > 0):
@@ -479,18 +503,25 @@ def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *,
                          f"start [B]; got qkv {qkv_BTNd.shape}, cos {cos_BTd.shape}, sin {sin_BTd.shape}, "
                          f"start {start_B.shape}")
     _check((B, T, H, d), k_BSGd, v_BSGd, k_BSGd.dtype)
-    L, cfg = _layout(B, T, H, G, N, S, d, config, scale, fused=True, norm_dim=norm_dim, norm_eps=norm_eps)
+    if tree_bits_T is not None and (tree_bits_T.shape != (T,) or not 0 <= tree_offset < 31 - T + 1):
+        raise ValueError(f"tree_bits must be [T] = [{T}] with 0 <= tree_offset and tree_offset + T <= 31 (bits "
+                         f"0..30); got {tree_bits_T.shape}, tree_offset={tree_offset}")
+    L, cfg = _layout(B, T, H, G, N, S, d, config, scale, fused=True, norm_dim=norm_dim, norm_eps=norm_eps,
+                     tree_offset=-1 if tree_bits_T is None else tree_offset)
     q_pos_BT = start_B.astype(jnp.int32)[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+    extra = () if tree_bits_T is None else (jnp.asarray(tree_bits_T, jnp.int32),)
     o, k_BSGd, v_BSGd = _build(B, L, cfg, interpret)(
         qkv_BTNd.astype(jnp.float32).reshape(B, T * N, d), q_pos_BT, cos_BTd.astype(jnp.float32),
-        sin_BTd.astype(jnp.float32), k_BSGd, v_BSGd)
+        sin_BTd.astype(jnp.float32), k_BSGd, v_BSGd, *extra)
     return o.reshape(B, T, H, d), k_BSGd, v_BSGd
 
 
 def rope_attention_write_reference(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *, n_heads: int,
-                                   scale: float | None = None, norm_dim: int = 0, norm_eps: float = 0.0):
+                                   scale: float | None = None, norm_dim: int = 0, norm_eps: float = 0.0,
+                                   tree_bits_T=None, tree_offset: int = 0):
     """Pure jnp (not a kernel): (with ``norm_dim``: the scaling by 1/rms,) RoPE, cache writes, then
-    ``decode_attention_reference`` with cache-dtype operands (what the model's XLA path computes)."""
+    ``decode_attention_reference`` with cache-dtype operands (what the model's XLA path computes), with
+    the tree mask when ``tree_bits_T`` is given."""
     H, d = n_heads, qkv_BTNd.shape[-1]
     x = qkv_BTNd.astype(jnp.float32)
     if norm_dim:
@@ -502,14 +533,16 @@ def rope_attention_write_reference(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, s
     write = jax.vmap(lambda c, new, s: lax.dynamic_update_slice(c, new.astype(c.dtype), (s, 0, 0)))
     k_BSGd, v_BSGd = write(k_BSGd, k, start_B), write(v_BSGd, v, start_B)
     q_pos_BT = start_B[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+    tree = None if tree_bits_T is None else (tree_bits_T, start_B - tree_offset)
     o = decode_attention_reference(q.astype(k_BSGd.dtype), k_BSGd, v_BSGd, q_pos_BT, scale=scale,
-                                   operand_dtype=k_BSGd.dtype)
+                                   operand_dtype=k_BSGd.dtype, tree=tree)
     return o, k_BSGd, v_BSGd
 
 
 def decode_attention_reference(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, *, scale: float | None = None,
-                               operand_dtype=jnp.float32):
-    """Pure jnp (not a kernel), softmax in float32; returns float32 ``[B, T, H, d]``.
+                               operand_dtype=jnp.float32, tree=None):
+    """Pure jnp (not a kernel), softmax in float32; returns float32 ``[B, T, H, d]``. ``tree``: (bits [T],
+    base [B]): from slot ``base`` on, a key also needs its bit (see the module doc).
 
     ``operand_dtype`` is the dtype of both matmuls' operands: float32 (default) is the exact
     reference (``Precision.HIGHEST``: no TF32); the cache dtype reproduces the model's XLA attention
@@ -521,6 +554,11 @@ def decode_attention_reference(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, *, scale: float
     s = jnp.einsum("btgrd,bsgd->bgrts", q, k_BSGd.astype(operand_dtype), precision=hi,
                    preferred_element_type=jnp.float32) * scale
     visible_BTS = jnp.arange(S)[None, None, :] <= q_pos_BT[:, :, None]
+    if tree is not None:
+        bits_T, base_B = tree
+        rel_BS = jnp.arange(S)[None, :] - base_B[:, None]
+        bit_BTS = (jnp.asarray(bits_T)[None, :, None] >> jnp.clip(rel_BS, 0, 31)[:, None, :]) & 1
+        visible_BTS = visible_BTS & ((rel_BS < 0)[:, None, :] | (bit_BTS == 1))
     s = jnp.where(visible_BTS[:, None, None], s, -jnp.inf)
     m = jnp.max(s, axis=-1, keepdims=True)
     e = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0))

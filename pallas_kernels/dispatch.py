@@ -24,6 +24,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pallas_kernels.decode_attention import MAX_QUERIES, decode_attention, rope_attention_write
 from pallas_kernels.flash_attention import default_config, key_end
@@ -74,17 +75,34 @@ def attend(q_BTHd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array,
                            default_config(q_BTHd.shape[3], S, causal=True))
 
 
+def tree_bits(visible_TW: np.ndarray) -> np.ndarray | None:
+    """int32 [T]: row t's visible slots as bits (bit w: slot base + w), or None if W > 31."""
+    T, W = visible_TW.shape
+    if W > 31:
+        return None
+    return (np.asarray(visible_TW, np.int64) << np.arange(W)).sum(axis=1).astype(np.int32)
+
+
 def rope_attend_write(qkv_BTNd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array, cos_BTd: jax.Array,
-                      sin_BTd: jax.Array, start_B: jax.Array, n_heads: int, norm: tuple[int, float] | None = None):
+                      sin_BTd: jax.Array, start_B: jax.Array, n_heads: int, norm: tuple[int, float] | None = None,
+                      tree: tuple[np.ndarray, int] | None = None):
     """A decoder layer's attention over T <= 16 new tokens in one kernel: ``(o, k_BSGd, v_BSGd)`` from
     ``rope_attention_write`` (q|k|v before RoPE, [B, T, H + 2G, d] float32; with ``norm=(D, eps)`` one
     more head of sums of squares, see ``specjax.attention.attend_new_tokens``), or None where the decode
-    kernel does not apply (then RoPE, ``cache.write`` and ``attend`` run as separate steps)."""
+    kernel does not apply (then RoPE, ``cache.write`` and ``attend`` run as separate steps).
+    ``tree = (visible_TW, offset)``: draft-tree rows (``specjax.attention.tree_mask``), in the kernel while
+    the tree's slots fit its 31 mask bits."""
     B, T, N, d = qkv_BTNd.shape
     q_shape = jax.ShapeDtypeStruct((B, T, n_heads, d), k_BSGd.dtype)
     if not (applies_decode(q_shape, k_BSGd, v_BSGd) and decode_kernel_enabled()
             and N == n_heads + 2 * k_BSGd.shape[2] + (norm is not None)):
         return None
     norm_dim, norm_eps = norm if norm is not None else (0, 0.0)
+    extra = {}
+    if tree is not None:
+        bits = tree_bits(tree[0])
+        if bits is None or not 0 <= tree[1] <= 31 - T:
+            return None
+        extra = dict(tree_bits_T=jnp.asarray(bits), tree_offset=int(tree[1]))
     return rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads=n_heads,
-                                norm_dim=norm_dim, norm_eps=norm_eps)
+                                norm_dim=norm_dim, norm_eps=norm_eps, **extra)

@@ -95,7 +95,7 @@ def attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, compute_dtype: str = "param", mask_
 
 
 def attend_new_tokens(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads: int,
-                      compute_dtype: str = "param", norm: tuple[int, float] | None = None, mask_BTS=None):
+                      compute_dtype: str = "param", norm: tuple[int, float] | None = None, tree=None):
     """A decoder layer's attention over T new tokens per sequence (positions ``start_B[b] + t``):
     RoPE on q and k, k and v written into the caches at ``start_B``, causal attention.
 
@@ -106,13 +106,15 @@ def attend_new_tokens(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_hea
     rms: every token's q|k|v is first scaled by RMSNorm's 1/rms (the matmul is linear, so this is the
     norm). On Hopper with T <= 16 (decode, verify) and ``compute_dtype="param"`` the steps run as one
     kernel (``pallas_kernels.dispatch.rope_attend_write``); the code below is their definition and runs
-    everywhere else. ``mask_BTS`` replaces the causal mask (draft-tree rows, whose positions, in cos/sin, are
-    not their slots); it always takes the code below."""
-    dispatch = _dispatch() if mask_BTS is None else None
+    everywhere else. ``tree = (visible_TW, offset)``: the rows are draft-tree nodes (their positions, in
+    cos/sin, are not their slots); the causal mask becomes ``tree_mask(visible_TW, start_B - offset)`` (the
+    kernel takes it as bits while the tree's slots number <= 31)."""
+    dispatch = _dispatch()
     if dispatch is not None and compute_dtype == "param":
-        out = dispatch.rope_attend_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads, norm)
+        out = dispatch.rope_attend_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads, norm, tree)
         if out is not None:
             return out
+    mask_BTS = None if tree is None else tree_mask(tree[0], start_B - tree[1], k_BSGd.shape[1])
     if norm is not None:
         qkv_BTNd = qkv_BTNd[:, :, :-1] * inv_rms_from_sumsq(qkv_BTNd[:, :, -1:, :1], *norm)
     G = (qkv_BTNd.shape[2] - n_heads) // 2

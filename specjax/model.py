@@ -21,6 +21,7 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax import attention, fused
 from specjax import cache as kv
@@ -61,14 +62,14 @@ def lm_head(params: dict, cfg: ModelConfig, h_BTD: jax.Array) -> jax.Array:
     return linear(h_BTD, w_VD, cfg.compute_dtype)
 
 
-def attention_block(lp: dict, cfg: ModelConfig, x_BTD, cos, sin, k_BSGd, v_BSGd, start_B, mask_BTS=None):
+def attention_block(lp: dict, cfg: ModelConfig, x_BTD, cos, sin, k_BSGd, v_BSGd, start_B, tree=None):
     """One attention sub-layer on the residual stream ``x_BTD`` (its RMSNorm included); writes this
     step's K/V into the cache at ``start_B``.
 
     At one row of a model up to ``layers.FOLD_MAX_IN`` wide without q/k/v bias (``layers.fold_norm``: a
     decode step at B=1) the norm is folded into the q|k|v reduction (``layers.linear_sumsq``: q|k|v of
     x * w plus one extra head holding sum(x**2)) and the attention scales each token's q|k|v by 1/rms
-    (``attention.attend_new_tokens(norm=...)``): no norm kernel. ``mask_BTS``: see ``forward(tree_TT=...)``."""
+    (``attention.attend_new_tokens(norm=...)``): no norm kernel. ``tree``: see ``forward(tree_TT=...)``."""
     B, T, _ = x_BTD.shape
     H, G, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     if fold_norm(x_BTD, lp["wqkv"], cfg.compute_dtype) and "bqkv" not in lp:
@@ -82,14 +83,14 @@ def attention_block(lp: dict, cfg: ModelConfig, x_BTD, cos, sin, k_BSGd, v_BSGd,
             qkv = qkv + lp["bqkv"]
         o_BTHd, k_BSGd, v_BSGd = attention.attend_new_tokens(qkv.reshape(B, T, H + 2 * G, d), k_BSGd, v_BSGd,
                                                              cos, sin, start_B, H, cfg.compute_dtype,
-                                                             mask_BTS=mask_BTS)
+                                                             tree=tree)
     return linear(o_BTHd.reshape(B, T, H * d), lp["wo"], cfg.compute_dtype), k_BSGd, v_BSGd
 
 
-def decoder_layer(lp, cfg, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B, mask_BTS=None):
+def decoder_layer(lp, cfg, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B, tree=None):
     """One decoder layer. ``q_pos_BT`` (= start_B + t) is unused here; the signature is the one
     ``fused.decoder_layer`` shares, which takes the K/V slots from it."""
-    a, k_BSGd, v_BSGd = attention_block(lp, cfg, x_BTD, cos, sin, k_BSGd, v_BSGd, start_B, mask_BTS)
+    a, k_BSGd, v_BSGd = attention_block(lp, cfg, x_BTD, cos, sin, k_BSGd, v_BSGd, start_B, tree)
     x_BTD = x_BTD + a
     x_BTD = x_BTD + norm_swiglu(x_BTD, lp["mlp_norm"], cfg.norm_eps, lp["w_gate_up"], lp["w_down"],
                                 cfg.compute_dtype)
@@ -111,7 +112,7 @@ def forward(params: dict, cfg: ModelConfig, tokens_BT: jax.Array, cache: kv.KVCa
     With ``SPECJAX_FUSED=1`` on a GPU, cached forwards of B * T <= 16 rows run through ``fused.py``.
     ``tree_TT`` (bool [T, T], ``Tree.ancestors``): the T tokens are a draft tree's nodes, not a run. Row t
     sits at position ``start + depth(t)`` (its count of ancestors) but is written to slot ``start + t``,
-    and sees the context and its ancestors only (``attention.tree_mask``); callers move the accepted
+    and sees the context and its ancestors only (``attention.attend_new_tokens(tree=...)``); callers move the accepted
     path's K/V into place afterwards (``cache.gather_rows``).
     """
     B, T = tokens_BT.shape
@@ -126,17 +127,18 @@ def forward(params: dict, cfg: ModelConfig, tokens_BT: jax.Array, cache: kv.KVCa
         cache = kv.init_cache(cfg, B, T, params["embed"].dtype, n_layers=L)
     start_B = cache.lengths_B
     q_pos_BT = start_B[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
-    mask_BTS = None
+    tree = None
     if tree_TT is not None:
         if not cached or tuple(tree_TT.shape) != (T, T):
             raise ValueError(f"tree_TT must be a [T, T] = [{T}, {T}] ancestor mask of a cached forward, "
                              f"got shape {tuple(tree_TT.shape)}{'' if cached else ' without a cache'}")
-        q_pos_BT = start_B[:, None] + (jnp.asarray(tree_TT).sum(axis=1).astype(jnp.int32) - 1)[None, :]
-        mask_BTS = attention.tree_mask(tree_TT, start_B, cache.capacity)
+        tree_TT = np.asarray(tree_TT, bool)
+        q_pos_BT = start_B[:, None] + jnp.asarray(tree_TT.sum(axis=1).astype(np.int32) - 1)[None, :]
+        tree = (tree_TT, 0)
     cos, sin = rope_tables(cfg, q_pos_BT)
     x_BTD = embed(params, tokens_BT)
     path = fused.mode(cfg, B * T, params["embed"].dtype) if cached and tree_TT is None else None  # decode / verify
-    layer = (functools.partial(decoder_layer, mask_BTS=mask_BTS) if path is None
+    layer = (functools.partial(decoder_layer, tree=tree) if path is None
              else functools.partial(fused.decoder_layer, interpret=path == "interpret"))
     tapped = {}
     new_k, new_v = list(cache.k), list(cache.v)

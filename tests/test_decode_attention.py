@@ -160,6 +160,37 @@ def test_interpreter_fused_t1_equals_verify_row_bitwise(name):
                                                                            interpret=True))
 
 
+TREE_BITS = np.array([0b1, 0b11, 0b101, 0b1001, 0b10011, 0b100011, 0b1000101, 0b10010011, 0b100100011],
+                     np.int32)  # 9 rows of a draft tree: root, 3 children, then grandchildren (ancestor bitmasks)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("offset", [0, 5])
+def test_interpreter_fused_tree_rows_match_reference(name, offset):
+    """Tree mode: each new row sees the context before ``start - offset`` and, from there on, the slots its
+    bits name; with ``offset`` > 0 the rows sit after other tree rows (the EAGLE-3 head's later levels).
+    Bits are given relative to ``start - offset``, so shift them by the offset."""
+    B, T, H, G, d, S = 3, 9, 6, 2, 64, 150
+    args = _fused_inputs(7, B, T, H, G, d, S, "bfloat16", [offset, 61, S - T])
+    bits = jnp.asarray(TREE_BITS << offset)
+    o, k, v = rope_attention_write(*args, n_heads=H, config=CONFIGS[name], interpret=True, tree_bits_T=bits,
+                                   tree_offset=offset)
+    ref_o, ref_k, ref_v = rope_attention_write_reference(*args, n_heads=H, tree_bits_T=bits, tree_offset=offset)
+    np.testing.assert_array_equal(np.asarray(v), np.asarray(ref_v))
+    rel = np.linalg.norm(np.asarray(o) - np.asarray(ref_o)) / np.linalg.norm(np.asarray(ref_o))
+    assert rel < 1e-2, rel
+    causal = rope_attention_write_reference(*args, n_heads=H)[0]  # the mask matters: not the causal output
+    assert np.linalg.norm(np.asarray(causal) - np.asarray(ref_o)) / np.linalg.norm(np.asarray(ref_o)) > 0.1
+
+
+def test_fused_tree_rejects_bad_bits():
+    args = _fused_inputs(7, 1, 9, 6, 2, 64, 150, "bfloat16", [3])
+    with pytest.raises(ValueError, match="tree_bits must be"):
+        rope_attention_write(*args, n_heads=6, interpret=True, tree_bits_T=jnp.zeros(8, jnp.int32))
+    with pytest.raises(ValueError, match="tree_bits must be"):
+        rope_attention_write(*args, n_heads=6, interpret=True, tree_bits_T=jnp.zeros(9, jnp.int32), tree_offset=23)
+
+
 def _with_sumsq_head(args, D=96):
     """``args`` of the fused entry with q|k|v read as those of an un-normalised input: one more head
     holding each token's sum of squares (``specjax.layers.linear_sumsq``), all d entries equal."""
@@ -352,6 +383,43 @@ def test_model_attention_routes_to_fused_kernel(monkeypatch):
                                    sds((1, 1, 64), jnp.float32), sds((1,), jnp.int32)))
     # the kernel's source: 11 rows (q|k|v heads + the sum-of-squares head), its scaling inside the kernel
     assert "a:Ref<default>{f32[11,64]}" in normed and "rsqrt" in normed and "dynamic_update_slice" not in normed
+
+
+def test_tree_rows_route_to_the_kernel_while_their_slots_fit_its_bits(monkeypatch):
+    """Traced only: draft-tree rows (``tree=(visible, offset)``) take the fused kernel with their bits while
+    the tree's slots number <= 31; a wider tree (the EAGLE-3 head's 63-node levels) takes the masked XLA path."""
+    from specjax import attention
+    monkeypatch.setattr(attention, "_use_kernels", lambda: True)
+    monkeypatch.setattr(dispatch, "_gpu_backend", lambda: True)
+
+    def text(T, W, offset):
+        visible = np.tril(np.ones((T, W), bool), k=offset)
+        f = lambda qkv, k, v, c, s, st: attention.attend_new_tokens(qkv, k, v, c, s, st, 6, tree=(visible, offset))
+        sds = jax.ShapeDtypeStruct
+        cache = sds((1, 64, 2, 64), jnp.bfloat16)
+        return str(jax.make_jaxpr(f)(sds((1, T, 10, 64), jnp.float32), cache, cache, sds((1, T, 64), jnp.float32),
+                                     sds((1, T, 64), jnp.float32), sds((1,), jnp.int32)))
+    assert "rope_attention_write" in text(16, 16, 0) and "rope_attention_write" in text(8, 31, 23)
+    assert dispatch.tree_bits(np.tril(np.ones((3, 3), bool))).tolist() == [1, 3, 7]
+    wide = text(8, 63, 30)
+    assert "rope_attention_write" not in wide and "dynamic_update_slice" in wide
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_fused_tree_lowers_for_cuda(name):
+    """Tree mode (a 15-node tree's 16 rows, SmolLM2's heads) lowers to Triton IR for an H200."""
+    B, T, H, G, d, S = 1, 16, 9, 3, 64, 1024
+    qkv = jax.ShapeDtypeStruct((B, T, H + 2 * G, d), jnp.float32)
+    kv = jax.ShapeDtypeStruct((B, S, G, d), jnp.bfloat16)
+    cs, start = jax.ShapeDtypeStruct((B, T, d), jnp.float32), jax.ShapeDtypeStruct((B,), jnp.int32)
+    bits = jax.ShapeDtypeStruct((T,), jnp.int32)
+    h200 = mesh_lib.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
+    f = lambda *a: rope_attention_write(*a[:6], n_heads=H, config=CONFIGS[name], tree_bits_T=a[6])
+    with warnings.catch_warnings(), jax.sharding.use_abstract_mesh(
+            mesh_lib.AbstractMesh((1,), ("x",), abstract_device=h200)):
+        warnings.simplefilter("ignore", DeprecationWarning)
+        text = jax.jit(f).trace(qkv, kv, kv, cs, cs, start, bits).lower(lowering_platforms=("cuda",)).as_text()
+    assert "xla.gpu.triton" in text
 
 
 # ---------------------------------------------------------------- GPU

@@ -113,13 +113,13 @@ def finish(params: dict, cfg: Eagle3Config, h_BTD: jax.Array, attn_BTHd: jax.Arr
 
 
 def step(params: dict, cfg: Eagle3Config, embed_VD: jax.Array, tokens_BT: jax.Array, h_BTD: jax.Array,
-         cache: kv.KVCache, pos_BT: jax.Array | None = None, mask_BTS: jax.Array | None = None
-         ) -> tuple[jax.Array, kv.KVCache]:
+         cache: kv.KVCache, pos_BT: jax.Array | None = None, tree=None) -> tuple[jax.Array, kv.KVCache]:
     """Run T draft rows appended at ``cache.lengths_B`` (row i at position lengths + i).
 
     ``tokens_BT`` are the tokens x_{s+1} of rows s, ``h_BTD`` the fused target features g_s (or the
     head's own previous outputs). Returns the pre-norm outputs [B, T, D] and the advanced cache.
-    Draft-tree rows pass their positions ``pos_BT`` and attention mask ``mask_BTS`` (``attention.tree_mask``).
+    Draft-tree rows pass their positions ``pos_BT`` and ``tree = (visible_TW, offset)``
+    (``attention.attend_new_tokens``).
     """
     c = cfg.layer
     B, T = tokens_BT.shape
@@ -131,7 +131,7 @@ def step(params: dict, cfg: Eagle3Config, embed_VD: jax.Array, tokens_BT: jax.Ar
     qkv_BTNd = linear(x, params["wqkv"]).reshape(B, T, c.n_heads + 2 * c.n_kv_heads, c.head_dim)
     # RoPE, the cache writes and attention: one kernel on Hopper for T <= 16 (the target's layers use it too)
     o_BTHd, k_BSGd, v_BSGd = attention.attend_new_tokens(qkv_BTNd, cache.k[0], cache.v[0], cos, sin, start_B,
-                                                         c.n_heads, mask_BTS=mask_BTS)
+                                                         c.n_heads, tree=tree)
     return finish(params, cfg, h_BTD, o_BTHd), kv.KVCache(k=(k_BSGd,), v=(v_BSGd,), lengths_B=start_B + T)
 
 

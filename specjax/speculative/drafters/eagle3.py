@@ -10,7 +10,7 @@ chained rows L..L+k-2 that feed the head's own output back. Cost per cycle: one 
 With a ``tree`` the head drafts level by level: the children of a node are the head's top-ranked tokens
 at that node's row, and the nodes of depth d run as one step of as many rows (depth - 1 steps in all), at
 position L + d - 1, written to scratch slots L + i - 1 (node i), each seeing the context and its own
-ancestors (``attention.tree_mask``). Like the chain's, these rows are stale after the cycle.
+ancestors (``attention.attend_new_tokens(tree=...)``). Like the chain's, these rows are stale after the cycle.
 
 ``dp = {"params": head params, "draft_ids": int32 [N]}``; the token embedding is the target's.
 """
@@ -23,7 +23,6 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from specjax import attention
 from specjax import cache as kv
 from specjax.heads import eagle3
 from specjax.speculative.drafters.base import Context, Drafter, Prefill, Proposal, Verified, draw, row_at
@@ -107,10 +106,10 @@ class Eagle3(Drafter):
         h_BnD = jnp.broadcast_to(state["h_BD"][:, None], (B, ids[0].shape[1], D))
         for d in range(1, tree.depth):
             lo, hi = tree.level(d)
-            mask_BTS = attention.tree_mask(visible_NN[lo - 1:hi - 1], L_B, cache.capacity)
             pos_BT = jnp.broadcast_to((L_B + d - 1)[:, None], (B, hi - lo))
             out_BnD, cache = eagle3.step(params, self.cfg, tp["embed"], jnp.take(dp["draft_ids"], ids[-1]),
-                                         h_BnD, kv.set_lengths(cache, L_B + lo - 1), pos_BT, mask_BTS)
+                                         h_BnD, kv.set_lengths(cache, L_B + lo - 1), pos_BT,
+                                         (visible_NN[lo - 1:hi - 1], lo - 1))
             ids.append(children(out_BnD, d + 1))
             nlo, nhi = tree.level(d + 1)
             h_BnD = out_BnD[:, tree.parent[nlo:nhi] - lo]
