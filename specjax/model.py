@@ -112,8 +112,8 @@ def forward(params: dict, cfg: ModelConfig, tokens_BT: jax.Array, cache: kv.KVCa
     With ``SPECJAX_FUSED=1`` on a GPU, cached forwards of B * T <= 16 rows run through ``fused.py``.
     ``tree_TT`` (bool [T, T], ``Tree.ancestors``): the T tokens are a draft tree's nodes, not a run. Row t
     sits at position ``start + depth(t)`` (its count of ancestors) but is written to slot ``start + t``,
-    and sees the context and its ancestors only (``attention.attend_new_tokens(tree=...)``); callers move the accepted
-    path's K/V into place afterwards (``cache.gather_rows``).
+    and sees the context and its ancestors only (``attention.attend_new_tokens(tree=...)``); callers
+    move the accepted path's K/V into place afterwards (``cache.gather_rows``).
     """
     B, T = tokens_BT.shape
     L = cfg.n_layers if num_layers is None else num_layers
