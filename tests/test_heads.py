@@ -31,18 +31,13 @@ def target():
 
 @pytest.fixture(scope="module")
 def eagle(target):
-    cfg, tp = target
-    ecfg = eagle3.Eagle3Config(cfg, draft_vocab_size=96)
-    ids = jnp.asarray(np.sort(np.random.default_rng(0).choice(cfg.vocab_size, 96, replace=False)), jnp.int32)
-    hp = eagle3.init_params(ecfg, jax.random.key(1), tp, ids, scale=0.1)
-    return Eagle3(ecfg), {"params": hp, "draft_ids": ids}
+    ecfg, dp = tiny.eagle3_head(*target)
+    return Eagle3(ecfg), dp
 
 
 @pytest.fixture(scope="module")
 def heads(target):
-    cfg, tp = target
-    mcfg = medusa.MedusaConfig(cfg, num_heads=K)
-    mp = jax.tree.map(lambda x: 0.05 * jax.random.normal(jax.random.key(2), x.shape), medusa.init_params(mcfg))
+    mcfg, mp = tiny.medusa_heads(target[0], num_heads=K)
     return Medusa(mcfg), mp
 
 

@@ -14,7 +14,6 @@ from scipy import stats
 from specjax import cache as kv
 from specjax import model, sampling
 from specjax.generate import generate
-from specjax.heads import eagle3, medusa
 from specjax.speculative import speculative_generate, verify
 from specjax.speculative.drafters.eagle3 import Eagle3
 from specjax.speculative.drafters.medusa import Medusa
@@ -167,13 +166,8 @@ def test_a_tree_verifier_that_forgets_rejected_children_fails_the_check(monkeypa
 
 @pytest.fixture(scope="module")
 def drafters(target):
-    cfg, tp = target
-    ecfg = eagle3.Eagle3Config(cfg, draft_vocab_size=96)
-    ids = jnp.asarray(np.sort(np.random.default_rng(0).choice(cfg.vocab_size, 96, replace=False)), jnp.int32)
-    hp = eagle3.init_params(ecfg, jax.random.key(1), tp, ids, scale=0.1)
-    mcfg = medusa.MedusaConfig(cfg, num_heads=3)
-    mp = jax.tree.map(lambda x: 0.05 * jax.random.normal(jax.random.key(2), x.shape), medusa.init_params(mcfg))
-    return {"eagle3": (Eagle3(ecfg, TREE), {"params": hp, "draft_ids": ids}), "medusa": (Medusa(mcfg, TREE), mp)}
+    (ecfg, edp), (mcfg, mp) = tiny.eagle3_head(*target), tiny.medusa_heads(target[0], num_heads=3)
+    return {"eagle3": (Eagle3(ecfg, TREE), edp), "medusa": (Medusa(mcfg, TREE), mp)}
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "medusa"])

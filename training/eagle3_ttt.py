@@ -85,18 +85,12 @@ def chain_acceptance(drafts_JT, text_T, start: int, end: int):
     Drafts matching the continuation past ``end`` count, as the verifier (and vLLM) counts them
     before the budget cut. ``speculative_generate`` gives the same counts in float32 when the text
     covers ``end + J`` (``benchmarks/eagle3_consistency_probe.py``, ``tests/test_heads.py``)."""
-    import numpy as np
-    J = drafts_JT.shape[0]
-    cycles, acc = 0, np.zeros(J, int)
-    L = start
-    while L + 1 < end:
-        cycles += 1
-        n = 0
-        while n < J and L + 1 + n < len(text_T) and drafts_JT[n, L - 1] == text_T[L + 1 + n]:
-            acc[n] += 1
-            n += 1
-        L += n + 1
-    return cycles, acc
+    J, text = drafts_JT.shape[0], np.asarray(text_T)
+    ranks_JT = np.full((J, len(text)), NOT_PROPOSED)  # rank 0 where the argmax draft is the true token
+    for j in range(J):
+        rows = np.arange(max(0, len(text) - 2 - j))
+        ranks_JT[j, rows] = np.where(drafts_JT[j, rows] == text[rows + 2 + j], 0, NOT_PROPOSED)
+    return tree_acceptance(ranks_JT, [(0,) * m for m in range(1, J + 1)], start, end)
 
 
 NOT_PROPOSED = 1 << 20  # the rank of a token a drafter cannot propose (outside the draft vocabulary, past the text)
@@ -123,9 +117,9 @@ def draft_ranks(tp: dict, cfg: eagle3.Eagle3Config, dp: dict, text_T, num_steps:
 
 def tree_acceptance(ranks_JT, paths, start: int, end: int):
     """``(cycles, accepted_J)`` of greedy decoding with a static draft tree (a set of rank paths, see
-    ``specjax.speculative.tree``), replayed offline as ``chain_acceptance`` does: a cycle whose last token is
-    ``text[L]`` accepts the longest prefix of the true tokens' ranks ``ranks_JT[:, L - 1]`` that is a tree path.
-    With the chain's paths ``(0,), (0, 0), ...`` this is ``chain_acceptance`` (rank 0 = the argmax draft)."""
+    ``specjax.speculative.tree``), replayed offline: a cycle whose last token is ``text[L]`` accepts the longest
+    prefix of the true tokens' ranks ``ranks_JT[:, L - 1]`` that is a tree path (``chain_acceptance`` is this
+    with the chain's paths ``(0,), (0, 0), ...``; budget and counting as described there)."""
     paths = set(map(tuple, paths))
     J = ranks_JT.shape[0]
     cycles, acc = 0, np.zeros(J, int)

@@ -52,3 +52,25 @@ def target(seed: int = 0, n_layers: int = 4, max_seq_len: int = 1024) -> tuple[M
     """A random 4-layer llama over the tiny tokenizer's 259 ids (EOS = <|im_end|>)."""
     cfg = target_config(n_layers, max_seq_len)
     return cfg, model.init_params(cfg, jax.random.key(seed), scale=0.1)
+
+
+def eagle3_head(cfg: ModelConfig, tp: dict, draft_vocab: int = 96, seed: int = 1):
+    """A random EAGLE-3 head over a random draft vocabulary of ``draft_vocab`` target ids (LM head rows and
+    final norm from the target): ``(Eagle3Config, {"params", "draft_ids"})``, what ``drafters.Eagle3`` takes."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from specjax.heads import eagle3
+    ecfg = eagle3.Eagle3Config(cfg, draft_vocab_size=draft_vocab)
+    ids = jnp.asarray(np.sort(np.random.default_rng(seed - 1).choice(cfg.vocab_size, draft_vocab, replace=False)),
+                      jnp.int32)
+    return ecfg, {"params": eagle3.init_params(ecfg, jax.random.key(seed), tp, ids, scale=0.1), "draft_ids": ids}
+
+
+def medusa_heads(cfg: ModelConfig, num_heads: int = 3, seed: int = 2):
+    """Random Medusa heads (residual blocks of small random weights, the target's LM head shared):
+    ``(MedusaConfig, params)``, what ``drafters.Medusa`` takes."""
+    from specjax.heads import medusa
+    mcfg = medusa.MedusaConfig(cfg, num_heads=num_heads)
+    return mcfg, jax.tree.map(lambda x: 0.05 * jax.random.normal(jax.random.key(seed), x.shape),
+                              medusa.init_params(mcfg))
