@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The device-call chain that trains, ships and measures the SmolLM2 heads (run from the repo root on the
 # lent GPU machine; each step is one `run` call, the next issued within the 30 s the machine stays warm).
-# The GGUF travels in seven parts (benchmarks/device_lib.sh: stage_part, join_gguf).
-#   1. stage NN (carry .carry/pNN), NN = 00..05: copy that part outside the repo (/root/stage)
-#   2. train1 (carry .carry/p06 .carry/b .whl): join and check the GGUF, corpus + EAGLE-3  (logs to $OUT;
+# The GGUF travels in nine 12 MB parts (benchmarks/device_lib.sh: stage_part, join_gguf).
+#   1. stage NN (carry .carry/pNN), NN = 00..07: copy that part outside the repo (/root/stage)
+#   2. train1 (carry .carry/p08 .carry/b .whl): join and check the GGUF, corpus + EAGLE-3  (logs to $OUT;
 #      BUNDLE=1 also bundles the artifacts, for a stage that finishes in this call, e.g. ONLY=draft)
 #   3. train2 (carry .whl): the rest of the stages named in ONLY; bundle the artifacts to $OUT
-#   4. bench (carry .carry/p06 .carry/b .whl; the GGUF joined already, unless the machine is fresh): bench_speculative with the trained artifacts,
+#   4. bench (carry .carry/p08 .carry/b .whl; the GGUF joined already, unless the machine is fresh): bench_speculative with the trained artifacts,
 #      METHODS (e.g. ar,eagle3:7,eagle3:t31), DATASETS (default "humaneval mtbench"), LIMIT prompts each (0 = all)
 # Afterwards, locally: `cat shipped.tar.part* | tar x -C specjax/shipped/smollm2-135m-instruct/`.
 set -euo pipefail

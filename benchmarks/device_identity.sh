@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Device-call chain for the decode/verify kernel and the bf16 identity measurement (repo root, lent GPU):
 #   1. kernel  (carry .carry/p00 .whl):  stage GGUF part 00; benchmarks/decode_kernel_gpu.sh (tests, micro-bench,
-#              AR decode with/without the kernel); then `stage NN` (carry .carry/pNN) for NN = 01..05
-#   2. identity (carry .carry/p06 .carry/b .whl): join the GGUF (device_lib.sh: stage_part, join_gguf);
+#              AR decode with/without the kernel); then `stage NN` (carry .carry/pNN) for NN = 01..07
+#   2. identity (carry .carry/p08 .carry/b .whl): join the GGUF (device_lib.sh: stage_part, join_gguf);
 #              bench_speculative ar,ngram:4 on MT-bench and HumanEval
 #              with compute "param" (bf16 operands, decode kernel for T=1 and verify) and "float32";
 #              bench_decode smollm-shape in both modes

@@ -40,7 +40,8 @@ step() {
 }
 
 # The SmolLM2 GGUF (98 MB) cannot travel in one call (64 MiB with the ~50 MB working tree). Locally:
-# `split -b 16000000 -d -a 2 GGUF smol.part` and part NN into .carry/pNN/ (ignored; 00-06). One call per part but
+# `split -b 12000000 -d -a 2 GGUF smol.part` and part NN into .carry/pNN/ (ignored; 00-08; 16 MB parts plus the
+# ~51 MB working tree passed 64 MiB). One call per part but
 # the last runs `stage_part NN` (carry .carry/pNN), copying it outside the repo; the call that needs the model
 # carries the last part and runs `join_gguf DEST`, which joins the staged parts and the carried one and checks
 # the sha256.
