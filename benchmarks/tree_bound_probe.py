@@ -34,50 +34,36 @@ from specjax import model
 from specjax.files import atomic_write_text
 from specjax.heads import medusa, shipped
 from training import corpus, instructions
-from training.eagle3_ttt import NOT_PROPOSED, tree_acceptance, ttt_logits
+from training.eagle3_ttt import NOT_PROPOSED, tree_acceptance, true_ranks, ttt_logits
 from training.evaluate import heldout_prompts
 
 EAGLE3_STEPS = 7  # EAGLE-3's chain length (issue #4's K=7) and the depth of its trees
 SIZES = (4, 7, 15, 31, 63)
 
 
-def ranks(logits_TV: np.ndarray, idx_T: np.ndarray) -> np.ndarray:
-    """Rank of column ``idx_T[t]`` in row t (0 = the argmax); ``NOT_PROPOSED`` where ``idx_T < 0``."""
-    val = np.take_along_axis(logits_TV, np.maximum(idx_T, 0)[:, None], axis=1)
-    r = (logits_TV > val).sum(axis=1)
-    return np.where(idx_T < 0, NOT_PROPOSED, r)
-
-
 def rank_table(lm, heads: dict, text: np.ndarray) -> dict[str, np.ndarray]:
-    """Per drafter ``R[t, j]``: rank of ``text[t + 2 + j]`` in step j's distribution at row t (-1 past the text)."""
+    """Per drafter ``R[t, j]``: rank of ``text[t + 2 + j]`` in step j's distribution at row t (``NOT_PROPOSED`` past
+    the text)."""
     cfg, tp = lm.cfg, lm.params
     toks = jnp.asarray(text, jnp.int32)[None]
-    T = len(text)
     ecfg, edp = heads["eagle3"]
     mcfg, mdp = heads["medusa"]
     taps = tuple(sorted(set(ecfg.taps) | set(mcfg.taps)))
     _, tapped, _ = model.forward(tp, cfg, toks, taps=taps)
     by_layer = dict(zip(taps, tapped))
-    out = {}
     inv = np.full(cfg.vocab_size, -1)
     inv[np.asarray(edp["draft_ids"])] = np.arange(len(edp["draft_ids"]))
     steps = ttt_logits(edp["params"], ecfg, tp["embed"], toks, tuple(by_layer[i] for i in ecfg.taps), EAGLE3_STEPS)
     mlog = medusa.logits(mdp, mcfg, by_layer[mcfg.taps[0]][0], tp)  # [J, T, V]
-    for name, per_step, to_idx in (("eagle3", [np.asarray(s[0]) for s in steps], lambda y: inv[y]),
-                                   ("medusa", list(np.asarray(mlog)), lambda y: y)):
-        R = np.full((T, len(per_step)), -1)
-        for j, lg in enumerate(per_step):
-            rows = np.arange(max(0, T - 2 - j))
-            R[rows, j] = ranks(lg[rows], to_idx(text[rows + 2 + j]))
-        out[name] = R
-    return out
+    return {"eagle3": true_ranks([s[0] for s in steps], text, lambda y: inv[y]).T,
+            "medusa": true_ranks(list(mlog), text).T}
 
 
 def prefixes(R: np.ndarray, rows) -> collections.Counter:
     c = collections.Counter()
     for t in rows:
         for m in range(1, R.shape[1] + 1):
-            if R[t, m - 1] < 0 or R[t, m - 1] >= NOT_PROPOSED:
+            if R[t, m - 1] >= NOT_PROPOSED:
                 break
             c[tuple(R[t, :m])] += 1
     return c

@@ -18,6 +18,8 @@ import numpy as np
 from specjax import model
 from specjax.heads import eagle3
 
+NOT_PROPOSED = 1 << 20  # the rank of a token a drafter cannot propose (outside the draft vocabulary, past the text)
+
 
 def shift_left(x_BT: jax.Array, n: int) -> jax.Array:
     """x[:, n:] padded at the end with zeros to the same length (row t gets x[t+n])."""
@@ -65,12 +67,17 @@ def ttt_logits(params: dict, cfg: eagle3.Eagle3Config, embed_VD: jax.Array, toke
     return out
 
 
+def _unroll(tp: dict, cfg: eagle3.Eagle3Config, dp: dict, text_T, num_steps: int) -> list[jax.Array]:
+    """``ttt_logits`` over one token sequence, with the target's features from ``tp``: [1, T, N] per step."""
+    toks_1T = jnp.asarray(text_T, jnp.int32)[None]
+    _, taps, _ = model.forward(tp, cfg.target, toks_1T, taps=cfg.taps)
+    return ttt_logits(dp["params"], cfg, tp["embed"], toks_1T, taps, num_steps)
+
+
 def greedy_drafts(tp: dict, cfg: eagle3.Eagle3Config, dp: dict, text_T, num_steps: int):
     """Target-vocabulary argmax drafts ``[num_steps, T]`` (numpy) of ``ttt_logits`` over one token
     sequence, with the target's features from ``tp`` and the head ``dp = {"params", "draft_ids"}``."""
-    toks_1T = jnp.asarray(text_T, jnp.int32)[None]
-    _, taps, _ = model.forward(tp, cfg.target, toks_1T, taps=cfg.taps)
-    steps = ttt_logits(dp["params"], cfg, tp["embed"], toks_1T, taps, num_steps)
+    steps = _unroll(tp, cfg, dp, text_T, num_steps)
     return np.stack([np.asarray(jnp.take(dp["draft_ids"], jnp.argmax(s[0], -1))) for s in steps])
 
 
@@ -93,26 +100,26 @@ def chain_acceptance(drafts_JT, text_T, start: int, end: int):
     return tree_acceptance(ranks_JT, [(0,) * m for m in range(1, J + 1)], start, end)
 
 
-NOT_PROPOSED = 1 << 20  # the rank of a token a drafter cannot propose (outside the draft vocabulary, past the text)
+def true_ranks(logits_per_step, text_T, to_column=lambda y: y) -> np.ndarray:
+    """Ranks ``[J, T]`` (numpy): where ``text[t + 2 + j]`` stands in step j's logits at row t (``logits_per_step[j]``
+    [T, N]; 0 = the argmax; ties rank with the token); ``to_column`` maps token ids to logit columns (-1: not
+    proposable). ``NOT_PROPOSED`` past the text and for tokens the drafter cannot propose."""
+    text = np.asarray(text_T)
+    out = np.full((len(logits_per_step), len(text)), NOT_PROPOSED)
+    for j, lg in enumerate(logits_per_step):
+        rows = np.arange(max(0, len(text) - 2 - j))
+        col, lg = to_column(text[rows + 2 + j]), np.asarray(lg)[rows]
+        r = (lg > np.take_along_axis(lg, np.maximum(col, 0)[:, None], axis=1)).sum(axis=1)
+        out[j, rows] = np.where(col < 0, NOT_PROPOSED, r)
+    return out
 
 
 def draft_ranks(tp: dict, cfg: eagle3.Eagle3Config, dp: dict, text_T, num_steps: int) -> np.ndarray:
-    """Ranks ``[num_steps, T]`` (numpy): where ``text[t + 2 + j]`` stands in step j's draft-vocabulary logits at
-    row t (0 = the argmax, as ``greedy_drafts``); ``NOT_PROPOSED`` outside the draft vocabulary or the text."""
-    toks_1T = jnp.asarray(text_T, jnp.int32)[None]
-    _, taps, _ = model.forward(tp, cfg.target, toks_1T, taps=cfg.taps)
-    steps = ttt_logits(dp["params"], cfg, tp["embed"], toks_1T, taps, num_steps)
-    T = len(text_T)
+    """``true_ranks`` of the head's unrolled steps over ``text_T``, in its draft vocabulary (the rank 0 draft is
+    ``greedy_drafts``'); tokens outside the draft vocabulary are ``NOT_PROPOSED``."""
     inv = np.full(cfg.target.vocab_size, -1)
     inv[np.asarray(dp["draft_ids"])] = np.arange(cfg.draft_vocab_size)
-    out = np.full((num_steps, T), NOT_PROPOSED)
-    for j, s in enumerate(steps):
-        rows = np.arange(max(0, T - 2 - j))
-        idx = inv[np.asarray(text_T)[rows + 2 + j]]
-        lg = np.asarray(s[0])[rows]
-        r = (lg > np.take_along_axis(lg, np.maximum(idx, 0)[:, None], axis=1)).sum(axis=1)
-        out[j, rows] = np.where(idx < 0, NOT_PROPOSED, r)
-    return out
+    return true_ranks([s[0] for s in _unroll(tp, cfg, dp, text_T, num_steps)], text_T, lambda y: inv[y])
 
 
 def tree_acceptance(ranks_JT, paths, start: int, end: int):
