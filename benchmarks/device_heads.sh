@@ -26,11 +26,11 @@ case "$1" in
     stage_part $2 ;;
   train1)
     install_whl; stage_gguf
-    timeout "${2:-585}" python3 -m training.train_smollm2 --preset h100 --out /root/train --only $ONLY --time-budget ${BUDGET:-540} \
+    timeout "${2:-585}" python3 -m training.train_smollm2 --preset ${PRESET:-h100} --out /root/train --only $ONLY --time-budget ${BUDGET:-540} \
       ${BUNDLE:+--bundle $OUT} 2>&1 | tr '\r' '\n' | grep -v "it/s]$" | tee $OUT/train1.log | tail -40 ;;
   train2)
     install_whl
-    timeout "${2:-585}" python3 -m training.train_smollm2 --preset h100 --out /root/train --time-budget ${BUDGET:-540} \
+    timeout "${2:-585}" python3 -m training.train_smollm2 --preset ${PRESET:-h100} --out /root/train --time-budget ${BUDGET:-540} \
       --only $ONLY --bundle $OUT 2>&1 | tr '\r' '\n' | grep -v "it/s]$" | tee $OUT/train2.log | tail -40 ;;
   bench)
     install_whl; stage_gguf

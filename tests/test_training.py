@@ -180,6 +180,24 @@ def test_data_shards_batches_and_draft_vocab(tmp_path, dataset):
         data.load_shards(tmp_path)
 
 
+def test_split_by_prompt_keeps_every_answer_of_a_prompt_on_one_side():
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(1, 256, rng.integers(4, 12)).tolist() for _ in range(10)]
+    # every prompt answered twice (two temperatures), as in the corpus; one prompt a prefix of another's row
+    examples = [(p, rng.integers(1, 256, 20).tolist()) for p in prompts for _ in range(2)]
+    examples.append((prompts[0] + examples[0][1][:3], rng.integers(1, 256, 10).tolist()))
+    ds = data.pack_examples(examples, 48)
+    train_ds, held = ds.split(5, seed=3, by_prompt=True)
+    keys = lambda d: d.prompt_keys()
+    assert len(train_ds) + len(held) == len(ds) and len(held) >= 5
+    assert not set(keys(train_ds)) & set(keys(held))  # no held-out prompt is trained on
+    assert len(set(keys(ds))) == 11 and sorted(keys(train_ds) + keys(held)) == sorted(keys(ds))
+    row_split = ds.split(6, seed=3)[1]  # a random row split shares prompts with training here
+    assert set(keys(row_split)) & set(keys(ds.split(6, seed=3)[0]))
+    with pytest.raises(ValueError, match="needs a seed"):
+        ds.split(5, by_prompt=True)
+
+
 def test_eval_overlap_is_filtered_and_asserted():
     evals = ["Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural experiences "
              "and must-see attractions.", "def has_close_elements(numbers, threshold):"]
@@ -203,9 +221,24 @@ def test_corpus_prompts_come_from_the_template_and_the_stdlib():
         compile(src, "<stub>", "exec")  # a valid signature + docstring stub
     raw = corpus.code_completions(5, seed=0)
     assert len(set(raw)) == 5 and all(r.endswith('"""\n') for r in raw)
+    pool = corpus.code_pool(packages=("optax",))  # a dependency's functions join the stdlib's
+    assert len(pool) > len(corpus.code_pool()) and set(corpus.code_pool()) <= set(pool)
+    for f in pool[len(corpus.code_pool()):][:20]:
+        compile(f, "<stub>", "exec")
+    with pytest.raises(ValueError, match="not installed"):
+        corpus.code_pool(packages=("no_such_package_xyz",))
     for r in raw:  # plain text a model continues: indented like hand-written code, and valid Python
         compile(r, "<stub>", "exec")
         assert re.search(r'^( *)def .*\n\1    """', r, re.M), r  # docstring one level below its def
+
+
+def test_magpie_openers_start_every_sampled_query(target):
+    cfg, tp = target
+    tok = tiny.tokenizer()
+    openers = ("Write a", "List")
+    qs = corpus.magpie_prompts(tp, cfg, tok, 3, max_new_tokens=32, batch_size=16, seed=0, openers=openers)
+    assert len(qs) == 3 and all(q.startswith(openers) and len(q) > len("Write a") for q in qs), qs
+    assert qs == corpus.magpie_prompts(tp, cfg, tok, 3, max_new_tokens=32, batch_size=16, seed=0, openers=openers)
 
 
 def test_templated_instructions_are_distinct_reproducible_and_varied():

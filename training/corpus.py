@@ -1,9 +1,12 @@
 """A self-distillation corpus made by the target itself (no dataset download).
 
 * Chat prompts, Magpie-style: the instruct model gets only its chat template's user-turn prefix
-  (e.g. ``<|im_start|>system...<|im_end|>\\n<|im_start|>user\\n``) and samples the query.
-* Code prompts cut from the local Python standard library: the signature + docstring of public
-  top-level functions (``ast``), wrapped in a short instruction.
+  (e.g. ``<|im_start|>system...<|im_end|>\\n<|im_start|>user\\n``) and samples the query; with
+  ``openers`` each row's prefix ends in a random request opener (``OPENERS``), which the model finishes
+  into a query: more varied queries than the bare prefix gives.
+* Code prompts cut from the local Python standard library (and, with ``packages``, from installed
+  packages such as specjax's own dependencies): the signature + docstring of public top-level
+  functions (``ast``), wrapped in a short instruction.
 * Raw code completions: the same stubs as plain text (no chat template), the way HumanEval is
   usually prompted, which the target continues.
 * Templated instructions across request kinds (``training/instructions.py``).
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib.util
 import random
 import sysconfig
 from pathlib import Path
@@ -28,6 +32,17 @@ _CODE_ASKS = ("Complete the following Python function:", "Implement this Python 
               "Write the body of this function in Python:", "Finish this Python code:")
 _SKIP_DIRS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "turtledemo", "ensurepip",
               "tkinter", "pydoc_data", "__pycache__"}
+
+
+# Request openers for Magpie sampling, written for this file (not taken from any evaluation set).
+OPENERS = ("Write a", "Can you explain", "What is the difference between", "Pretend you are", "Give me", "How do I",
+           "Summarize", "Compose a", "Draft an", "List", "Compare", "Imagine", "Describe", "Why does", "Suggest",
+           "Help me", "I need", "Create a", "Explain how", "What are the main", "Translate", "Rewrite", "Design a",
+           "Plan a", "Solve", "Calculate", "Is it true that", "What would happen if", "Tell me about", "Analyze",
+           "Generate a", "Please review", "Could you", "Act as", "Outline", "Provide", "Evaluate", "Recommend",
+           "What should I", "How can", "Write a Python", "Debug", "Extract", "Classify", "Brainstorm", "Argue",
+           "Discuss", "In what ways", "Which", "Develop a", "Identify", "Estimate", "Prove that", "Predict",
+           "As a", "My friend", "I am writing", "Write an email", "Write a story", "Write a poem")
 
 
 def user_turn_prefix(tok: Tokenizer) -> str:
@@ -45,18 +60,21 @@ def _batches(items: list, size: int):
 
 def magpie_prompts(params, cfg: ModelConfig, tok: Tokenizer, n: int, *, max_new_tokens: int = 96,
                    temperature: float = 1.0, top_p: float = 0.95, batch_size: int = 256, seed: int = 0,
-                   max_rounds: int = 20) -> list[str]:
-    """``n`` distinct user queries sampled from the user-turn prefix (only those the model ends itself)."""
+                   max_rounds: int = 20, openers: tuple[str, ...] = ()) -> list[str]:
+    """``n`` distinct user queries sampled from the user-turn prefix (only those the model ends itself);
+    with ``openers``, each row starts its query with a random one of them (kept in the query's text)."""
     prefix = tok.encode(user_turn_prefix(tok), add_special_tokens=False)
     eos = set(tok.eos_token_ids)
     out, seen = [], set()
     for r in range(max_rounds):
-        res = generate(params, cfg, [prefix] * batch_size, max_new_tokens=max_new_tokens, temperature=temperature,
+        starts = random.Random(seed * 1000 + r).choices(openers, k=batch_size) if openers else [""] * batch_size
+        rows = [prefix + (tok.encode(o, add_special_tokens=False) if o else []) for o in starts]
+        res = generate(params, cfg, rows, max_new_tokens=max_new_tokens, temperature=temperature,
                        top_p=top_p, seed=seed * 1000 + r, eos_token_ids=tuple(eos))
-        for ids in res.output_ids:
+        for start, row, ids in zip(starts, rows, res.output_ids):
             if not ids or ids[-1] not in eos:
                 continue  # ran out of budget: an unfinished query
-            text = tok.decode(ids[:-1]).strip()
+            text = tok.decode(row[len(prefix):] + ids[:-1]).strip()
             if len(text) >= 8 and text not in seen:
                 seen.add(text)
                 out.append(text)
@@ -110,17 +128,30 @@ def stdlib_functions(root: str | None = None, max_doc_chars: int = 800) -> tuple
     return tuple(out)
 
 
-def code_prompts(n: int, seed: int = 0, root: str | None = None) -> list[str]:
-    """``n`` instructions asking to complete a stdlib function or method from its signature and docstring."""
-    funcs = list(stdlib_functions(root))
+def code_pool(root: str | None = None, packages: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """``stdlib_functions(root)`` and then those of each installed package (``"jax"``, ``"orbax.checkpoint"``:
+    the sources under the package's folder, its tests skipped), duplicates dropped."""
+    out = list(stdlib_functions(root))
+    for name in packages:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.origin:
+            raise ValueError(f"code package {name!r} is not installed (or has no source folder); the corpus spec "
+                             f"names it as a source of code prompts: install it or leave it out of code_packages")
+        out += stdlib_functions(str(Path(spec.origin).parent))
+    return tuple(dict.fromkeys(out))
+
+
+def code_prompts(n: int, seed: int = 0, root: str | None = None, packages: tuple[str, ...] = ()) -> list[str]:
+    """``n`` instructions asking to complete a function or method (``code_pool``) from its signature and docstring."""
+    funcs = list(code_pool(root, packages))
     rng = random.Random(seed)
     rng.shuffle(funcs)
     return [f"{rng.choice(_CODE_ASKS)}\n\n```python\n{f}\n```" for f in funcs[:n]]
 
 
-def code_completions(n: int, seed: int = 0, root: str | None = None) -> list[str]:
+def code_completions(n: int, seed: int = 0, root: str | None = None, packages: tuple[str, ...] = ()) -> list[str]:
     """``n`` raw stubs (signature + docstring, then a newline) for plain continuation, no chat template."""
-    funcs = list(stdlib_functions(root))
+    funcs = list(code_pool(root, packages))
     random.Random(seed + 1).shuffle(funcs)  # another order than code_prompts, so other functions come first
     return [f + "\n" for f in funcs[:n]]
 

@@ -59,16 +59,37 @@ class TokenDataset:
         """The rows ``idx`` (indices or a slice) as a training batch: int32 tokens, float32 weights."""
         return {"tokens": self.tokens_NT[idx].astype(np.int32), "weight": self.weight_NT[idx].astype(np.float32)}
 
-    def split(self, n_heldout: int, seed: int | None = None) -> tuple["TokenDataset", "TokenDataset"]:
+    def split(self, n_heldout: int, seed: int | None = None, *,
+              by_prompt: bool = False) -> tuple["TokenDataset", "TokenDataset"]:
         """(train, heldout): the last ``n_heldout`` rows are held out, or with ``seed`` a random
-        subset of rows (rows are stored grouped by kind and prompt length, so the tail is no sample)."""
+        subset of rows (rows are stored grouped by kind and prompt length, so the tail is no sample).
+        ``by_prompt`` (needs ``seed``): whole prompts are held out, in random order until at least
+        ``n_heldout`` rows, so no trained row answers a held-out prompt (a prompt answered at two
+        temperatures has two rows; a random row split would train on one and score the other)."""
         if not 0 < n_heldout < len(self):
             raise ValueError(f"n_heldout must be in [1, {len(self) - 1}], got {n_heldout}")
-        k = len(self) - n_heldout
-        order = np.arange(len(self)) if seed is None else np.random.default_rng(seed).permutation(len(self))
-        keep, held = np.sort(order[:k]), np.sort(order[k:])
+        if by_prompt:
+            if seed is None:
+                raise ValueError("split(by_prompt=True) needs a seed")
+            _, group_N = np.unique(self.prompt_keys(), return_inverse=True)
+            sizes = np.bincount(group_N)
+            order = np.random.default_rng(seed).permutation(len(sizes))
+            n_groups = int(np.searchsorted(np.cumsum(sizes[order]), n_heldout)) + 1
+            if sizes[order[:n_groups]].sum() >= len(self):
+                raise ValueError(f"holding out {n_heldout} rows by prompt would leave no training rows")
+            held_mask = np.isin(group_N, order[:n_groups])
+            keep, held = np.flatnonzero(~held_mask), np.flatnonzero(held_mask)
+        else:
+            k = len(self) - n_heldout
+            order = np.arange(len(self)) if seed is None else np.random.default_rng(seed).permutation(len(self))
+            keep, held = np.sort(order[:k]), np.sort(order[k:])
         return (TokenDataset(self.tokens_NT[keep], self.weight_NT[keep]),
                 TokenDataset(self.tokens_NT[held], self.weight_NT[held]))
+
+    def prompt_keys(self) -> list[bytes]:
+        """One key per row: the bytes of its prompt (the tokens up to the first trained-on position's input)."""
+        start_N = np.argmax(self.weight_NT > 0, axis=1)
+        return [self.tokens_NT[i, :s + 1].tobytes() for i, s in enumerate(start_N)]
 
 
 def pack_examples(examples: list[tuple[list[int], list[int]]], seq_len: int) -> TokenDataset:

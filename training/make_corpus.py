@@ -26,6 +26,8 @@ class CorpusSpec:
     seq_len: int = 512
     gen_batch: int = 256
     magpie_max_new: int = 96
+    magpie_openers: bool = False  # each Magpie row starts its query with a random ``corpus.OPENERS`` entry
+    code_packages: tuple[str, ...] = ()  # installed packages whose functions join the stdlib's as code prompts
     seed: int = 0
 
     def to_json(self) -> dict:
@@ -48,10 +50,11 @@ def build_corpus(tp: dict, cfg: ModelConfig, tok: Tokenizer, spec: CorpusSpec, f
             return ds, manifest
     t0 = time.perf_counter()
     chat = corpus.magpie_prompts(tp, cfg, tok, spec.n_chat, max_new_tokens=spec.magpie_max_new,
-                                 batch_size=spec.gen_batch, seed=spec.seed)
-    code = corpus.code_prompts(spec.n_code, seed=spec.seed)
+                                 batch_size=spec.gen_batch, seed=spec.seed,
+                                 openers=corpus.OPENERS if spec.magpie_openers else ())
+    code = corpus.code_prompts(spec.n_code, seed=spec.seed, packages=spec.code_packages)
     templated = instructions.instructions(spec.n_templated, seed=spec.seed)
-    raw = corpus.code_completions(spec.n_code_raw, seed=spec.seed)
+    raw = corpus.code_completions(spec.n_code_raw, seed=spec.seed, packages=spec.code_packages)
     log(f"corpus: {len(chat)} Magpie + {len(templated)} templated + {len(code)} code chat prompts, {len(raw)} raw code "
         f"stubs in {time.perf_counter() - t0:.0f}s")
     index = decontam.OverlapIndex(eval_texts or [])
@@ -72,6 +75,7 @@ def build_corpus(tp: dict, cfg: ModelConfig, tok: Tokenizer, spec: CorpusSpec, f
     ds = data.pack_examples(examples, spec.seq_len)
     meta = {"spec": spec.to_json(), "num_chat_prompts": len(chat), "num_code_prompts": len(code),
             "num_templated_prompts": len(templated), "num_raw_code_prompts": len(raw),
+            "code_pool": len(corpus.code_pool(packages=spec.code_packages)),
             "num_examples": len(examples), "response_tokens": int(ds.weight_NT.sum()),
             "eval_overlap": {"checked": eval_texts is not None, "method": f"{index.n}-word overlap",
                              "num_eval_texts": len(eval_texts or []), "dropped_prompts": len(dropped_prompts),

@@ -134,7 +134,7 @@ def run(preset: Preset, out: Path, *, ship: bool, model_path: str | None = None,
     log(f"device: {hardware}; preset target={preset.target} dtype={preset.dtype}")
     cfg, tp, tok, target_name = load_target(preset, model_path)
     ds, manifest = build_corpus(tp, cfg, tok, preset.corpus, out / "corpus", eval_texts_or_none(preset), log=log)
-    ds, heldout = ds.split(preset.heldout_rows, seed=1)  # corpus rows no stage trains on
+    ds, heldout = ds.split(preset.heldout_rows, seed=1, by_prompt=True)  # prompts no stage trains on
     sets, set_name = eval_sets(preset, tok, cfg)
     reference = evaluate.ReferenceOutputs()
     earlier = json.loads((out / "results.json").read_text())["artifacts"] if (out / "results.json").is_file() else {}
