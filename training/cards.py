@@ -48,7 +48,8 @@ def _use(kind: str, num_draft: int) -> list[str]:
 def _heldout_line(h: dict | None) -> str:
     if not h:
         return ""
-    return (f" On {h['rows']} held-out corpus rows (their prompts never trained on): loss {h['loss']:.3f}, acceptance proxy "
+    return (f" On {h['rows']} held-out corpus rows (their prompts never trained on): loss {h['loss']:.3f}, "
+            "acceptance proxy "
             + ", ".join(f"{a:.2f}" for a in h["acc_k"]) + ".")
 
 

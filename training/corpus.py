@@ -71,7 +71,7 @@ def magpie_prompts(params, cfg: ModelConfig, tok: Tokenizer, n: int, *, max_new_
         rows = [prefix + (tok.encode(o, add_special_tokens=False) if o else []) for o in starts]
         res = generate(params, cfg, rows, max_new_tokens=max_new_tokens, temperature=temperature,
                        top_p=top_p, seed=seed * 1000 + r, eos_token_ids=tuple(eos))
-        for start, row, ids in zip(starts, rows, res.output_ids):
+        for row, ids in zip(rows, res.output_ids):
             if not ids or ids[-1] not in eos:
                 continue  # ran out of budget: an unfinished query
             text = tok.decode(row[len(prefix):] + ids[:-1]).strip()

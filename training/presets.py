@@ -48,19 +48,6 @@ PRESETS = {
         medusa=_tc(2000, 32, 1e-3, 80, "bfloat16", max_seconds=300),
         draft=_tc(6000, 32, 5e-4, 200, "bfloat16"),  # alone in a call after the corpus: ~250 s of --time-budget
         draft_vocab=12288, eval_max_new=128, num_draft=7),
-    # "h100" with more varied prompts (benchmarks/NOTES.md item 24): Magpie queries started by random request
-    # openers, a third of the templated instructions (a new draw repeats trained templates and topics, which the head
-    # learns by heart), and code prompts from specjax's dependencies' functions besides the standard library's.
-    "h100-diverse": Preset(
-        target="smollm2", dtype="bfloat16",
-        corpus=CorpusSpec(n_chat=16384, n_code=8192, n_templated=4096, n_code_raw=8192, temperatures=(0.0, 0.7),
-                          max_new_tokens=256, max_prompt_tokens=256, seq_len=512, gen_batch=1024,
-                          magpie_openers=True, code_packages=("jax", "flax", "optax", "orbax.checkpoint", "chex",
-                                                              "matplotlib", "jinja2", "tqdm")),
-        eagle3=_tc(7500, 32, 8e-4, 200, "bfloat16"),
-        medusa=_tc(2000, 32, 1e-3, 80, "bfloat16", max_seconds=300),
-        draft=_tc(6000, 32, 5e-4, 200, "bfloat16"),
-        draft_vocab=12288, eval_max_new=128, num_draft=7),
     # The real target on CPU with tiny settings: the same code path, minutes.
     "cpu-smollm2": Preset(
         target="smollm2", dtype="float32",
@@ -82,3 +69,10 @@ PRESETS = {
         draft_vocab=64, ttt_steps=3, medusa_heads=3, eval_mtbench=2, eval_humaneval=2, eval_max_prompt=1024,
         eval_max_new=16, num_draft=3, heldout_rows=4),
 }
+
+# "h100" with more varied prompts (benchmarks/NOTES.md item 24): Magpie queries started by random request openers, a
+# third of the templated instructions (a new draw repeats trained templates and topics, which the head learns by
+# heart), and code prompts from specjax's dependencies' functions besides the standard library's.
+PRESETS["h100-diverse"] = dataclasses.replace(PRESETS["h100"], corpus=dataclasses.replace(
+    PRESETS["h100"].corpus, n_chat=16384, n_code=8192, n_templated=4096, n_code_raw=8192, magpie_openers=True,
+    code_packages=("jax", "flax", "optax", "orbax.checkpoint", "chex", "matplotlib", "jinja2", "tqdm")))
