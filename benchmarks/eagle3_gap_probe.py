@@ -9,8 +9,9 @@ corpus figure (0.74). Two explanations predict different things:
     there, and data closer to them would help.
 So, for MT-bench prompts and for unseen prompts of the corpus's kinds, all answered greedily by the target:
 Magpie chat queries sampled with another seed, and code requests built like the corpus's stdlib ones but
-from a third-party package's functions (the corpus used every stdlib function; its templated
-instructions are left out, since a new draw can repeat a trained template and topic): each response position's
+from numpy's functions (the corpus used every stdlib function, and the h100-diverse preset's package
+list leaves numpy out); a fresh draw of templated instructions is shown apart and not used for the
+comparison, since it can repeat a trained template and topic. Per response position: the
 target confidence (the target's probability of its own greedy token) and whether the head's step-0
 draft is that token, bucketed by confidence. Float32, any backend.
 
