@@ -41,6 +41,9 @@ def measure(tp, cfg, heads: dict, prompts, new: int) -> tuple[np.ndarray, dict, 
     """Per new-token position: target confidence, and per head its step-0 hits and the token's draft-vocabulary
     membership."""
     ref = specjax.generate(tp, cfg, prompts, max_new_tokens=new, eos_token_ids=()).output_ids
+    in_vocab = {h: np.zeros(cfg.vocab_size, bool) for h in heads}
+    for h, (_, dp) in heads.items():
+        in_vocab[h][np.asarray(dp["draft_ids"])] = True
     conf, hit, inv = [], {h: [] for h in heads}, {h: [] for h in heads}
     for p, out in zip(prompts, ref):
         text = np.asarray(list(p) + list(out), np.int32)
@@ -49,10 +52,8 @@ def measure(tp, cfg, heads: dict, prompts, new: int) -> tuple[np.ndarray, dict, 
         rows = np.arange(len(p) - 1, len(text) - 2)  # step 0 at row t guesses text[t + 2], the target's argmax at t + 1
         conf.append(probs[rows + 1, text[rows + 2]])
         for h, (ecfg, dp) in heads.items():
-            in_vocab = np.zeros(cfg.vocab_size, bool)
-            in_vocab[np.asarray(dp["draft_ids"])] = True
             hit[h].append(greedy_drafts(tp, ecfg, dp, text, 1)[0][rows] == text[rows + 2])
-            inv[h].append(in_vocab[text[rows + 2]])
+            inv[h].append(in_vocab[h][text[rows + 2]])
     cat = lambda d: {h: np.concatenate(v) for h, v in d.items()}
     return np.concatenate(conf), cat(hit), cat(inv)
 
@@ -87,28 +88,24 @@ def main(argv=None) -> None:
     print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}; {a.n} prompts per set, {a.new} greedy new tokens, "
           f"float32; EAGLE-3 step 0 (the draft right after the target's features)")
     measured = {name: measure(tp, cfg, heads, prompts, a.new) for name, prompts in sets.items()}
+    buckets = list(zip(EDGES[:-1], EDGES[1:]))
+    in_bucket = {name: [(conf >= lo) & (conf < hi) for lo, hi in buckets] for name, (conf, _, _) in measured.items()}
     for h in heads:
         print(f"\n== head: {h}")
         for name, (conf, hit, inv) in measured.items():
             print(f"[{name}] {len(conf)} positions: step-0 accuracy {hit[h].mean():.3f}, mean target confidence "
                   f"{conf.mean():.3f}, outside the draft vocabulary {1 - inv[h].mean():.3f}")
         print("target confidence | " + " | ".join(f"{n}: share, head accuracy" for n in measured))
-        for lo, hi in zip(EDGES[:-1], EDGES[1:]):
-            cells = []
-            for conf, hit, _ in measured.values():
-                m = (conf >= lo) & (conf < hi)
-                cells.append(f"{m.mean():.3f}, {hit[h][m].mean():.3f} (n={m.sum()})" if m.any() else "-")
+        for b, (lo, hi) in enumerate(buckets):
+            cells = [f"{m[b].mean():.3f}, {measured[n][1][h][m[b]].mean():.3f} (n={m[b].sum()})" if m[b].any() else "-"
+                     for n, m in in_bucket.items()]
             print(f"[{lo:.2f}, {min(hi, 1.0):.2f}) | " + " | ".join(cells))
         # MT-bench accuracy if its positions had the corpus kinds' accuracy at each confidence level (reweighting)
-        (c_mt, h_mt, _), (c_co, h_co, _) = measured["mtbench"], measured["corpus-kinds"]
-        expect = 0.0
-        for lo, hi in zip(EDGES[:-1], EDGES[1:]):
-            m_mt, m_co = (c_mt >= lo) & (c_mt < hi), (c_co >= lo) & (c_co < hi)
-            if m_mt.any() and m_co.any():
-                expect += m_mt.mean() * h_co[h][m_co].mean()
-        print(f"MT-bench step-0 accuracy {h_mt[h].mean():.3f}; with the corpus kinds' accuracy at each confidence "
-              f"level it would be {expect:.3f}; corpus kinds {h_co[h].mean():.3f}", flush=True)
-
+        m_mt, m_co, h_co = in_bucket["mtbench"], in_bucket["corpus-kinds"], measured["corpus-kinds"][1][h]
+        expect = sum(m_mt[b].mean() * h_co[m_co[b]].mean()
+                     for b in range(len(buckets)) if m_mt[b].any() and m_co[b].any())
+        print(f"MT-bench step-0 accuracy {measured['mtbench'][1][h].mean():.3f}; with the corpus kinds' accuracy at "
+              f"each confidence level it would be {expect:.3f}; corpus kinds {h_co.mean():.3f}", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -503,16 +503,16 @@ def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *,
                          f"start [B]; got qkv {qkv_BTNd.shape}, cos {cos_BTd.shape}, sin {sin_BTd.shape}, "
                          f"start {start_B.shape}")
     _check((B, T, H, d), k_BSGd, v_BSGd, k_BSGd.dtype)
-    if tree_bits_T is not None and (tree_bits_T.shape != (T,) or not 0 <= tree_offset < 31 - T + 1):
+    if tree_bits_T is not None and (tree_bits_T.shape != (T,) or not 0 <= tree_offset <= 31 - T):
         raise ValueError(f"tree_bits must be [T] = [{T}] with 0 <= tree_offset and tree_offset + T <= 31 (bits "
                          f"0..30); got {tree_bits_T.shape}, tree_offset={tree_offset}")
     L, cfg = _layout(B, T, H, G, N, S, d, config, scale, fused=True, norm_dim=norm_dim, norm_eps=norm_eps,
                      tree_offset=-1 if tree_bits_T is None else tree_offset)
     q_pos_BT = start_B.astype(jnp.int32)[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
-    extra = () if tree_bits_T is None else (jnp.asarray(tree_bits_T, jnp.int32),)
+    bits_in = () if tree_bits_T is None else (jnp.asarray(tree_bits_T, jnp.int32),)
     o, k_BSGd, v_BSGd = _build(B, L, cfg, interpret)(
         qkv_BTNd.astype(jnp.float32).reshape(B, T * N, d), q_pos_BT, cos_BTd.astype(jnp.float32),
-        sin_BTd.astype(jnp.float32), k_BSGd, v_BSGd, *extra)
+        sin_BTd.astype(jnp.float32), k_BSGd, v_BSGd, *bits_in)
     return o.reshape(B, T, H, d), k_BSGd, v_BSGd
 
 
