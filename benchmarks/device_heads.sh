@@ -6,8 +6,11 @@
 #   2. train1 (carry .carry/p08 .carry/b .whl): join and check the GGUF, corpus + EAGLE-3  (logs to $OUT;
 #      BUNDLE=1 also bundles the artifacts, for a stage that finishes in this call, e.g. ONLY=draft)
 #   3. train2 (carry .whl): the rest of the stages named in ONLY; bundle the artifacts to $OUT
+#   A corpus made on one machine can train on another: CORPUS_OUT=1 returns its finished pieces (training/parts.py)
+#   as corpus.tar.part*; carried back in .carry/corpus/, train1 resumes the corpus from them.
 #   4. bench (carry .carry/p08 .carry/b .whl; the GGUF joined already, unless the machine is fresh): bench_speculative with the trained artifacts,
-#      METHODS (e.g. ar,eagle3:7,eagle3:t31), DATASETS (default "humaneval mtbench"), LIMIT prompts each (0 = all)
+#      METHODS (e.g. ar,eagle3:7,eagle3:t31), DATASETS (default "humaneval mtbench"), LIMIT prompts each (0 = all);
+#      NEW_HEAD=FOLDER keeps the shipped heads and adds FOLDER as method `new` (METHODS=ar,eagle3:7,new:7)
 # Afterwards, locally: `cat shipped.tar.part* | tar x -C specjax/shipped/smollm2-135m-instruct/`.
 set -euo pipefail
 # A pinned snapshot of the code (git archive HEAD ... > .carry/h/head.tgz), when carried, replaces the working
@@ -19,6 +22,12 @@ source benchmarks/device_lib.sh  # install_whl, stage_part, join_gguf
 stage_gguf() {
   join_gguf $SPECJAX_HOME/models/smollm2-135m-instruct.gguf || exit 1
   mkdir -p $SPECJAX_HOME/data && cp .carry/b/*.jsonl $SPECJAX_HOME/data/ 2>/dev/null || true
+  if [ -d .carry/corpus ] && [ ! -d /root/train/corpus/parts ]; then  # pieces of a corpus begun on another machine
+    mkdir -p /root/train/corpus && cat .carry/corpus/corpus.tar.part* | tar xf - -C /root/train/corpus; fi
+}
+corpus_out() {
+  [ -n "${CORPUS_OUT:-}" ] && [ -d /root/train/corpus/parts ] || return 0
+  tar cf - -C /root/train/corpus parts | split -b 15000000 -d -a 1 - $OUT/corpus.tar.part; ls -l $OUT
 }
 ONLY=${ONLY:-eagle3}
 case "$1" in
@@ -27,19 +36,24 @@ case "$1" in
   train1)
     install_whl; stage_gguf
     timeout "${2:-585}" python3 -m training.train_smollm2 --preset ${PRESET:-h100} --out /root/train --only $ONLY --time-budget ${BUDGET:-540} \
-      ${BUNDLE:+--bundle $OUT} 2>&1 | tr '\r' '\n' | grep -v "it/s]$" | tee $OUT/train1.log | tail -40 ;;
+      ${BUNDLE:+--bundle $OUT} 2>&1 | tr '\r' '\n' | grep -v "it/s]$" | tee $OUT/train1.log | tail -40 \
+      || echo "train1: exit status $? (124: the time limit)"  # the corpus pieces still go back
+    corpus_out ;;
   train2)
     install_whl
     timeout "${2:-585}" python3 -m training.train_smollm2 --preset ${PRESET:-h100} --out /root/train --time-budget ${BUDGET:-540} \
-      --only $ONLY --bundle $OUT 2>&1 | tr '\r' '\n' | grep -v "it/s]$" | tee $OUT/train2.log | tail -40 ;;
+      --only $ONLY --bundle $OUT 2>&1 | tr '\r' '\n' | grep -v "it/s]$" | tee $OUT/train2.log | tail -40 \
+      || echo "train2: exit status $? (124: the time limit)"  # the corpus pieces still go back
+    corpus_out ;;
   bench)
     install_whl; stage_gguf
-    for k in eagle3 medusa draft; do [ -d /root/train/export/$k ] || continue  # else the shipped one
+    for k in eagle3 medusa draft; do [ -z "${NEW_HEAD:-}" ] && [ -d /root/train/export/$k ] || continue  # else the shipped one
       rm -rf specjax/shipped/smollm2-135m-instruct/$k; cp -r /root/train/export/$k specjax/shipped/smollm2-135m-instruct/$k; done
     G=$SPECJAX_HOME/models/smollm2-135m-instruct.gguf
     for ds in ${DATASETS:-humaneval mtbench}; do
       timeout "${2:-280}" python3 benchmarks/bench_speculative.py --gguf $G --prompts .carry/b/prompt_ids.json \
-        --dataset $ds --methods "${METHODS:-ar,eagle3:7,draft:7,medusa:4}" --tag ${TAG:-_heads} --limit ${LIMIT:-0} 2>&1 | grep -v "^{" | tail -12
+        --dataset $ds --methods "${METHODS:-ar,eagle3:7,draft:7,medusa:4}" --tag ${TAG:-_heads} --limit ${LIMIT:-0} \
+        ${NEW_HEAD:+--head new=$NEW_HEAD} 2>&1 | grep -v "^{" | tail -12
     done
     cp benchmarks/results/spec_*${TAG:-_heads}.* $OUT/ ;;
 esac

@@ -3,6 +3,7 @@ run resumes on the identical trajectory, data/corpus plumbing, and the whole tra
 (whose tau evaluation decodes with the trained EAGLE-3/Medusa heads and distilled draft model and
 checks the output against AR greedy)."""
 
+import dataclasses
 import functools
 import io
 import json
@@ -239,6 +240,47 @@ def test_magpie_openers_start_every_sampled_query(target):
     qs = corpus.magpie_prompts(tp, cfg, tok, 3, max_new_tokens=32, batch_size=16, seed=0, openers=openers)
     assert len(qs) == 3 and all(q.startswith(openers) and len(q) > len("Write a") for q in qs), qs
     assert qs == corpus.magpie_prompts(tp, cfg, tok, 3, max_new_tokens=32, batch_size=16, seed=0, openers=openers)
+
+
+def test_a_cut_off_corpus_build_resumes_from_its_pieces_to_the_same_corpus(target, tmp_path, monkeypatch):
+    """A build killed after some pieces (a device call's time limit) reruns generating only the rest, and ends with
+    the corpus an uninterrupted build makes; pieces of another spec are not reused."""
+    from training import parts
+    from training.make_corpus import CorpusSpec, build_corpus
+    cfg, tp = target
+    tok = tiny.tokenizer()
+    spec = CorpusSpec(n_chat=1, n_code=10, n_code_raw=3, temperatures=(0.0, 0.7), max_new_tokens=8,
+                      max_prompt_tokens=320, seq_len=352, gen_batch=2, magpie_max_new=16)
+    # per temperature: 10 chat prompts (one code prompt is too long) -> pieces of 8 and 2 rows (batches 0-3 and 4),
+    # 3 raw stubs -> one piece
+    assert spec.gen_batch * parts.PART_BATCHES == 8
+    quiet = lambda msg: None  # noqa: E731
+    whole, _ = build_corpus(tp, cfg, tok, spec, tmp_path / "whole", None, log=quiet)
+
+    real, calls, armed = corpus.respond_ids, [], [True]
+
+    def dies_on_third_piece(*args, **kwargs):
+        calls.append(kwargs["first_batch"])
+        if len(calls) == 3 and armed:
+            armed.clear()
+            raise TimeoutError("the call's time limit")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(corpus, "respond_ids", dies_on_third_piece)
+    with pytest.raises(TimeoutError):
+        build_corpus(tp, cfg, tok, spec, tmp_path / "cut", None, log=quiet)
+    assert calls == [0, 4, 0] and not (tmp_path / "cut" / "manifest.json").exists()
+    assert len(list((tmp_path / "cut" / "parts").glob("*.npz"))) == 2  # no half-written third piece
+
+    calls.clear()
+    resumed, manifest = build_corpus(tp, cfg, tok, spec, tmp_path / "cut", None, log=quiet)
+    assert calls == [0, 0, 4, 0] and len(resumed) == len(whole) == 26  # (10 + 3) prompts x 2 temperatures
+    np.testing.assert_array_equal(resumed.tokens_NT, whole.tokens_NT)
+    np.testing.assert_array_equal(resumed.weight_NT, whole.weight_NT)
+    assert manifest["meta"]["pieces"] == {"made": 4, "reused": 3}  # the Magpie query and two response pieces
+
+    calls.clear()  # another spec: the old pieces are deleted, everything is generated anew
+    build_corpus(tp, cfg, tok, dataclasses.replace(spec, max_new_tokens=7), tmp_path / "cut", None, log=quiet)
+    assert calls == [0, 4, 0, 0, 4, 0]
 
 
 def test_templated_instructions_are_distinct_reproducible_and_varied():

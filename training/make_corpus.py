@@ -11,7 +11,7 @@ from pathlib import Path
 from specjax.config import ModelConfig
 from specjax.files import atomic_write_text
 from specjax.tokenizer import Tokenizer
-from training import corpus, data, decontam, instructions
+from training import corpus, data, decontam, instructions, parts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,9 +49,10 @@ def build_corpus(tp: dict, cfg: ModelConfig, tok: Tokenizer, spec: CorpusSpec, f
             log(f"corpus: reusing {folder} ({len(ds)} examples)")
             return ds, manifest
     t0 = time.perf_counter()
-    chat = corpus.magpie_prompts(tp, cfg, tok, spec.n_chat, max_new_tokens=spec.magpie_max_new,
-                                 batch_size=spec.gen_batch, seed=spec.seed,
-                                 openers=corpus.OPENERS if spec.magpie_openers else ())
+    store = parts.PartStore(folder / "parts", spec.to_json(), log=log)  # finished pieces of an earlier, cut-off run
+    chat = store.texts("magpie", corpus.magpie_prompts, tp, cfg, tok, spec.n_chat, max_new_tokens=spec.magpie_max_new,
+                       batch_size=spec.gen_batch, seed=spec.seed,
+                       openers=corpus.OPENERS if spec.magpie_openers else ())
     code = corpus.code_prompts(spec.n_code, seed=spec.seed, packages=spec.code_packages)
     templated = instructions.instructions(spec.n_templated, seed=spec.seed)
     raw = corpus.code_completions(spec.n_code_raw, seed=spec.seed, packages=spec.code_packages)
@@ -62,12 +63,15 @@ def build_corpus(tp: dict, cfg: ModelConfig, tok: Tokenizer, spec: CorpusSpec, f
     for name, texts in (("chat", chat + templated + code), ("raw", raw)):
         kept, dropped = decontam.filter_overlap(texts, index)
         prompts[name], dropped_prompts = [texts[i] for i in kept], dropped_prompts + dropped
-    examples = []
+    examples, step = [], spec.gen_batch * parts.PART_BATCHES
     for i, temperature in enumerate(spec.temperatures):
         for name, ps in prompts.items():
-            examples += corpus.respond(tp, cfg, tok, ps, temperature=temperature, max_new_tokens=spec.max_new_tokens,
-                                       max_prompt_tokens=spec.max_prompt_tokens, batch_size=spec.gen_batch,
-                                       seed=spec.seed + 1000 * (i + 1) + (name == "raw") * 500, chat=name == "chat")
+            ids = corpus.prompt_ids(tok, ps, max_prompt_tokens=spec.max_prompt_tokens, chat=name == "chat")
+            seed = spec.seed + 1000 * (i + 1) + (name == "raw") * 500
+            for j, a in enumerate(range(0, len(ids), step)):
+                examples += store.pairs(f"t{i}_{name}_{j:04d}", corpus.respond_ids, tp, cfg, tok, ids[a:a + step],
+                                        temperature=temperature, max_new_tokens=spec.max_new_tokens,
+                                        batch_size=spec.gen_batch, seed=seed, first_batch=j * parts.PART_BATCHES)
     texts = [tok.decode(p + r) for p, r in examples]
     kept, dropped_examples = decontam.filter_overlap(texts, index)
     examples = [examples[i] for i in kept]
@@ -80,7 +84,9 @@ def build_corpus(tp: dict, cfg: ModelConfig, tok: Tokenizer, spec: CorpusSpec, f
             "eval_overlap": {"checked": eval_texts is not None, "method": f"{index.n}-word overlap",
                              "num_eval_texts": len(eval_texts or []), "dropped_prompts": len(dropped_prompts),
                              "dropped_examples": len(dropped_examples)},
-            "seconds": round(time.perf_counter() - t0, 1)}
+            "seconds": round(time.perf_counter() - t0, 1),  # this invocation's
+            "generate_seconds": round(store.generate_seconds, 1),  # every piece's, across resumed invocations
+            "pieces": {"made": store.made, "reused": store.reused}}
     folder.mkdir(parents=True, exist_ok=True)
     rows = [{"kind": kind, "prompt": p} for kind, ps in (("chat", chat), ("templated", templated), ("code", code),
                                                           ("code-raw", raw)) for p in ps]
