@@ -61,6 +61,17 @@ def _throughput(rec: dict) -> str:
             "includes compilation and the held-out scoring)")
 
 
+def _openers(corpus_meta: dict) -> str:
+    return (", each begun with a random request opener (training/corpus.py OPENERS)"
+            if corpus_meta.get("spec", {}).get("magpie_openers") else "")
+
+
+def _code_source(corpus_meta: dict) -> str:
+    packages = corpus_meta.get("spec", {}).get("code_packages") or []
+    pool = f"; a pool of {corpus_meta['code_pool']} functions" if "code_pool" in corpus_meta else ""
+    return "functions of the Python standard library" + (f" and of {', '.join(packages)}" if packages else "") + pool
+
+
 def card(kind: str, rec: dict, results: dict) -> str:
     title, what = _WHAT[kind]
     what = what.format(ttt=results["preset"].get("ttt_steps"))
@@ -71,9 +82,9 @@ def card(kind: str, rec: dict, results: dict) -> str:
         f"# {title} for {results['target']}", "", what, "",
         "## Data",
         f"Self-distilled, no dataset download: {c.get('num_chat_prompts')} Magpie-style chat prompts sampled by the "
-        f"target from its user-turn prefix + {c.get('num_templated_prompts', 0)} templated instructions "
+        f"target from its user-turn prefix{_openers(c)} + {c.get('num_templated_prompts', 0)} templated instructions "
         f"(training/instructions.py) + {c.get('num_code_prompts')} code prompts (signature + docstring of "
-        f"Python standard-library functions, as a chat request) + {c.get('num_raw_code_prompts', 0)} such stubs "
+        f"{_code_source(c)}, as a chat request) + {c.get('num_raw_code_prompts', 0)} such stubs "
         f"continued as plain text, answered by the target at temperatures "
         f"{c.get('spec', {}).get('temperatures')}: {c.get('num_examples')} examples, {c.get('response_tokens')} "
         f"response tokens. MT-bench/HumanEval overlap check ({ov.get('method')}, {ov.get('num_eval_texts')} eval "

@@ -13,8 +13,9 @@ On the lent GPU machine (64 MiB carried per call, the GGUF is 98 MB) the chain o
 ``benchmarks/device_heads.sh`` (stage 00..05: the GGUF's first six 16 MB parts; train1: join it, corpus
 + EAGLE-3 with ``--time-budget``; train2: the rest, ``--bundle $OUT``; bench). Locally afterwards:
 ``cat shipped.tar.part* | tar x -C specjax/shipped/smollm2-135m-instruct/``. The shipped artifacts
-were made that way on an H200 (benchmarks/results/train_heads2_H200_2026-11-26.*; the draft model:
-train_heads_H200_2026-11-26.*).
+were made that way on an H200: the EAGLE-3 head with ``--preset h100-diverse --only eagle3``
+(benchmarks/results/train_diverse_H200_2026-11-27.*), the Medusa heads and the draft model with
+``--preset h100`` (train_heads2_H200_2026-11-26.*, train_draft2_H200_2026-11-27.*).
 """
 
 from __future__ import annotations
