@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The device-call chain that trains, ships and measures the SmolLM2 heads (run from the repo root on the
 # lent GPU machine; each step is one `run` call, the next issued within the 30 s the machine stays warm).
-# The GGUF travels in nine 12 MB parts (benchmarks/device_lib.sh: stage_part, join_gguf).
-#   1. stage NN (carry .carry/pNN), NN = 00..07: copy that part outside the repo (/root/stage)
-#   2. train1 (carry .carry/p08 .carry/b .whl): join and check the GGUF, corpus + EAGLE-3  (logs to $OUT;
+# The GGUF travels in nine 12 MB parts (benchmarks/device_lib.sh: stage_part, join_gguf), or in two 50 MB parts A
+# and B when the working tree is ~12 MB (the shipped safetensors moved out of it for those two calls; session 16).
+#   1. stage NN (carry .carry/pNN), NN = 00..07 (or A): copy that part outside the repo (/root/stage)
+#   2. train1 (carry .carry/p08 (or .carry/pB) .carry/b .whl): join and check the GGUF, corpus + EAGLE-3  (logs to $OUT;
 #      BUNDLE=1 also bundles the artifacts, for a stage that finishes in this call, e.g. ONLY=draft)
 #   3. train2 (carry .whl): the rest of the stages named in ONLY; bundle the artifacts to $OUT
 #   A corpus made on one machine can train on another: CORPUS_OUT=1 returns its finished pieces (training/parts.py)

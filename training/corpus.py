@@ -170,22 +170,13 @@ def prompt_ids(tok: Tokenizer, prompts: list[str], *, max_prompt_tokens: int, ch
 def respond_ids(params, cfg: ModelConfig, tok: Tokenizer, ids: list[list[int]], *, temperature: float,
                 max_new_tokens: int, batch_size: int = 256, seed: int = 0,
                 first_batch: int = 0) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, response ids) for token-id prompts, ``batch_size`` at a time; batch ``b`` of the call samples
-    with seed ``seed + first_batch + b``, so answering a list in slices of whole batches (``first_batch`` = the
-    slice's first batch) gives what one call over the whole list gives."""
+    """(prompt ids, response ids) for token-id prompts (EOS kept if produced; empty responses dropped),
+    ``batch_size`` at a time. Batch ``b`` of the call samples with seed ``seed + first_batch + b``, so answering
+    a list in slices of whole batches (``first_batch`` = the slice's first batch) gives what one call over the
+    whole list gives."""
     out = []
     for b, chunk in enumerate(_batches(ids, batch_size)):
         res = generate(params, cfg, chunk, max_new_tokens=max_new_tokens, temperature=temperature,
                        seed=seed + first_batch + b, eos_token_ids=tuple(tok.eos_token_ids))
         out += [(p, r) for p, r in zip(chunk, res.output_ids) if r]
     return out
-
-
-def respond(params, cfg: ModelConfig, tok: Tokenizer, prompts: list[str], *, temperature: float, max_new_tokens: int,
-            max_prompt_tokens: int, batch_size: int = 256, seed: int = 0,
-            chat: bool = True) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, response ids) for every prompt (too-long prompts are skipped); EOS kept if produced.
-    ``chat=False`` continues the prompts as plain text."""
-    ids = prompt_ids(tok, prompts, max_prompt_tokens=max_prompt_tokens, chat=chat)
-    return respond_ids(params, cfg, tok, ids, temperature=temperature, max_new_tokens=max_new_tokens,
-                       batch_size=batch_size, seed=seed)

@@ -24,12 +24,15 @@ import numpy as np
 
 from specjax.files import atomic_write, atomic_write_text
 
-PART_BATCHES = 4  # generation batches per response piece (~30 s of an H200 at the h100 presets' batch of 1024)
+PART_BATCHES = 4  # generation batches per response piece (4096 prompts at the h100 presets' batch: ~5 s of an H200
+#                   once compiled, 18-54 s with a compilation, benchmarks/NOTES.md item 25)
 
 Pairs = list[tuple[list[int], list[int]]]
 
 
 class PartStore:
+    """One corpus build's pieces in ``folder``: ``texts`` and ``pairs`` return a stored piece or make and store it."""
+
     def __init__(self, folder: str | Path, spec_json: dict, log: Callable[[str], None] = print):
         self.folder, self.log = Path(folder), log
         tag = self.folder / "spec.json"

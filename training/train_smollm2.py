@@ -10,7 +10,7 @@ with ``--ship`` to ``specjax/shipped/smollm2-135m-instruct``) -> tau on held-out
 through the real speculative loop -> ``CARD.md`` per artifact and ``OUT/results.json``.
 
 On the lent GPU machine (64 MiB carried per call, the GGUF is 98 MB) the chain of device calls is
-``benchmarks/device_heads.sh`` (stage 00..05: the GGUF's first six 16 MB parts; train1: join it, corpus
+``benchmarks/device_heads.sh`` (stage: the GGUF's parts but the last; train1: join it, corpus
 + EAGLE-3 with ``--time-budget``; train2: the rest, ``--bundle $OUT``; bench). Locally afterwards:
 ``cat shipped.tar.part* | tar x -C specjax/shipped/smollm2-135m-instruct/``. The shipped artifacts
 were made that way on an H200: the EAGLE-3 head with ``--preset h100-diverse --only eagle3``
