@@ -65,9 +65,9 @@ class PartStore:
             with np.load(path) as z:
                 flat, prompt_len, row_len = z["tokens"].tolist(), z["prompt_len"], z["row_len"]
                 self._count(reused=True, seconds=float(z["seconds"]))
-            ends = np.cumsum(row_len).tolist()
-            return [(flat[e - n:e - n + p], flat[e - n + p:e]) for e, n, p in zip(ends, row_len.tolist(),
-                                                                                    prompt_len.tolist())]
+            starts = (np.cumsum(row_len) - row_len).tolist()
+            return [(flat[s:s + p], flat[s + p:s + n])
+                    for s, n, p in zip(starts, row_len.tolist(), prompt_len.tolist())]
         t0 = time.perf_counter()
         pairs = make(*args, **kwargs)
         seconds = time.perf_counter() - t0
