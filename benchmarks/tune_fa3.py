@@ -9,7 +9,7 @@ picks are then checked by a separate ``bench_fa3.py`` run (a sweep's best of N i
 timing noise, so its own numbers are not the result). ``--schedules-only``: the base blocks with the
 grid, persistent and balanced persistent schedules. Needs a GPU.
 
-    PYTHONPATH=. python3 benchmarks/tune_fa3.py [--dtype bfloat16] [--iters 20] [--tag _x] [--schedules-only]
+    PYTHONPATH=. python3 benchmarks/tune_fa3.py [--dtype bfloat16] [--iters 20] [--tag _x] [--schedules-only | --overlap]
 """
 
 from __future__ import annotations
@@ -29,16 +29,22 @@ import jax.numpy as jnp
 from bench_fa3 import _measure, _try_compile
 from common import device_name
 from pallas_kernels.flash_attention import (_SMEM_LIMIT, TuningConfig, default_config, flash_attention_fwd,
-                                            key_end)
+                                            key_end, max_overlap_block_kv)
 from specjax.files import atomic_write_text
 
 SEQS = (512, 1024, 2048, 4096, 8192, 16384)
 
 
-def candidates(hd: int, sms: int, schedules_only: bool = False) -> list[TuningConfig]:
+def candidates(hd: int, sms: int, schedules_only: bool = False, overlap: bool = False) -> list[TuningConfig]:
     """Every block_kv in {64, 128, 192, 256} x num_stages in {2, 3, 4} x {grid, persistent} whose
     SMEM fits (block_kv must be a multiple of 64: PV's wgmma K dimension); ``schedules_only``:
-    default_config(hd)'s blocks with the grid, the persistent and the balanced persistent schedule."""
+    default_config(hd)'s blocks with the grid, the persistent and the balanced persistent schedule;
+    ``overlap``: intra-warpgroup overlap with every block_kv up to ``max_overlap_block_kv(hd)`` and
+    the three schedules (``main`` adds each row's tuned default)."""
+    if overlap:
+        return [TuningConfig(block_kv=bkv, persistent=p, balanced=b, num_ctas=sms, overlap=True)
+                for bkv in range(64, max_overlap_block_kv(hd) + 1, 64)
+                for p, b in ((False, False), (True, False), (True, True))]
     if schedules_only:
         base = default_config(hd)
         return [dataclasses.replace(base, persistent=p, balanced=b, num_ctas=sms)
@@ -52,7 +58,8 @@ def candidates(hd: int, sms: int, schedules_only: bool = False) -> list[TuningCo
 
 
 def label(cfg: TuningConfig) -> str:
-    return f"{cfg.block_kv}/{cfg.num_stages}/{'B' if cfg.balanced else 'P' if cfg.persistent else 'G'}"
+    sched = 'B' if cfg.balanced else 'P' if cfg.persistent else 'G'
+    return f"{cfg.block_kv}/{cfg.num_stages}/{sched}{'+O' if cfg.overlap else ''}"
 
 
 def main(argv=None) -> None:
@@ -64,6 +71,8 @@ def main(argv=None) -> None:
     ap.add_argument("--tag", default="")
     ap.add_argument("--schedules-only", action="store_true",
                     help="default blocks; grid (G), persistent (P) and balanced persistent (B) schedules")
+    ap.add_argument("--overlap", action="store_true",
+                    help="each row's tuned default against intra-warpgroup overlap (+O) configs")
     args = ap.parse_args(argv)
     dev = jax.devices()[0]
     if dev.platform != "gpu":
@@ -76,13 +85,14 @@ def main(argv=None) -> None:
         for causal, S in itertools.product((False, True), SEQS):
             B, H = 16384 // S, 2048 // hd
             kend = key_end(B, S, S, causal="top_left" if causal else "none")
+            d = default_config(hd, S, causal)
+            cands = candidates(hd, sms, args.schedules_only, args.overlap) + ([d] if args.overlap else [])
             fns = {label(c): jax.jit(lambda q, k, v, c=c, e=kend: flash_attention_fwd(q, k, v, e, config=c)[0])
-                   for c in candidates(hd, sms, args.schedules_only)}
+                   for c in cands}
             fns["cudnn"] = jax.jit(lambda q, k, v, c=causal: jax.nn.dot_product_attention(
                 q, k, v, is_causal=c, implementation="cudnn"))
             key, *ks = jax.random.split(key, 4)
             qkv = [jax.random.normal(kk, (B, S, H, hd), dtype) for kk in ks]
-            d = default_config(hd, S)
             jobs.append(dict(hd=hd, causal=causal, S=S, flops=4 * B * S * S * H * hd / (2 if causal else 1),
                              fns=fns, qkv=qkv, default=label(d)))
     with cf.ThreadPoolExecutor(16) as pool:   # compile everything first, in parallel
@@ -108,7 +118,7 @@ def _write(rows, dev, args, quiet) -> None:
     name = device_name().lower()
     date = datetime.date.today().isoformat()
     doc = {"device": dev.device_kind, "jax": jax.__version__, "date": date,
-           "command": " ".join(["python3", *sys.argv]), "label": "block_kv/num_stages/(G)rid|(P)ersistent|(B)alanced persistent",
+           "command": " ".join(["python3", *sys.argv]), "label": "block_kv/num_stages/(G)rid|(P)ersistent|(B)alanced persistent[+O: overlap]",
            "rows": rows}
     base = os.path.join(args.out, f"fa3_tune_{name}_{date}{args.tag}")
     os.makedirs(args.out, exist_ok=True)

@@ -12,10 +12,13 @@ One CTA owns ``2 * block_q`` query rows of one (batch, head). Three warpgroups:
 Intra-warpgroup overlap (``TuningConfig(overlap=True)``, FA3's Algorithm 2, both schedules): a
 consumer issues the QK^T of block j and the PV of block j - 1 back to back (async, one wgmma group
 each), waits with ``wgmma_wait(1)`` semantics for the QK^T only, and does block j's softmax while
-its PV still runs on the tensor cores; it then waits for the PV and rescales O. The ping-pong with
-the other consumer is kept (two ``schedule`` rendezvous per step, as without overlap). A consumer
-then holds O, S of block j and the P of blocks j - 1 and j in registers: ``max_overlap_block_kv``
-bounds block_kv per head dim (``overlap_config`` picks it).
+its PV still runs on the tensor cores; it then waits for the PV, rescales O and only then converts
+P_j to 16 bits (writing P's registers while the PV that reads P_{j-1} is in flight makes ptxas
+serialize every wgmma of the kernel). The ping-pong with the other consumer is kept (two
+``schedule`` rendezvous per step, as without overlap). A consumer then holds O, S / P of block j in
+float32 and the 16-bit P of block j - 1 in registers: ``max_overlap_block_kv`` bounds block_kv per
+head dim (``overlap_config`` picks it). ``default_config`` uses it where the sweeps found it faster
+(``TUNED``: hd 128 past 4k keys, hd 256 from 1k).
 
 Masking is one rule: key ``s`` is visible to query row ``t`` of batch ``b`` iff ``s < k_end[b, t]``
 (see ``key_end``). It expresses non-causal, causal top-left, causal bottom-right (KV-cache offsets),
@@ -71,9 +74,10 @@ _OVERLAP_REGISTERS = 192  # of a consumer thread's 232: O, S and two P tiles wit
 
 def max_overlap_block_kv(head_dim: int) -> int:
     """Largest block_kv for ``overlap=True``. Per thread of a consumer warpgroup a [64, n] float32
-    tile takes n / 2 registers: O (head_dim / 2), S of block j (block_kv / 2) and the 16-bit P of
-    blocks j - 1 (read by the PV in flight) and j (block_kv / 4 each) must fit 192 of the 232
-    registers (the rest: m, l, k_end, indices, addresses). hd 64 and 128: 128, hd 256: 64."""
+    tile takes n / 2 registers: O (head_dim / 2), S / P of block j in float32 (block_kv / 2) and the
+    16-bit P of block j - 1 (read by the PV in flight, block_kv / 4), with a block_kv / 4 margin,
+    must fit 192 of the 232 registers (the rest: m, l, k_end, indices, addresses). hd 64 and 128:
+    128, hd 256: 64."""
     return (_OVERLAP_REGISTERS - head_dim // 2) // 64 * 64
 
 
@@ -140,17 +144,19 @@ class TuningConfig:
 
 
 # Per (head dim, causal): ``(longest kv_len, block_kv, schedule)`` rows, the first that covers kv_len
-# wins (None: any length). Fitted to two H100 sweeps of the FA3 table (bf16, cuDNN in the same
-# process: benchmarks/results/fa3_tune_h100_2026-11-27{,_sched}.*, benchmarks/tune_fa3.py); see
-# pallas_kernels/NOTES.md "v5". A schedule that was within ~2 % of another in one run and behind it
-# in the other is not trusted: the rows below are the ones both runs agree on or the larger margin.
+# wins (None: any length); "+overlap": intra-warpgroup overlap. Fitted to two H100 sweeps of the FA3
+# table (bf16, cuDNN in the same process: benchmarks/results/fa3_tune_h100_2026-11-27{,_sched}.*,
+# benchmarks/tune_fa3.py; see pallas_kernels/NOTES.md "v5"; a schedule that was within ~2 % of another
+# in one run and behind it in the other is not trusted), then the overlap picks to one H200 sweep of
+# the overlap configs against those (fa3_tune_h200_2026-11-28_overlap.*, NOTES "v6").
 TUNED = {
     (64, False): ((None, 256, "persistent"),),
     (64, True): ((1024, 128, "persistent"), (8192, 256, "persistent"), (None, 256, "grid")),
-    (128, False): ((None, 128, "persistent"),),
-    (128, True): ((4096, 128, "persistent"), (None, 128, "balanced")),
-    (256, False): ((512, 64, "persistent"), (None, 64, "grid")),
-    (256, True): ((2048, 64, "persistent"), (8192, 64, "balanced"), (None, 64, "grid")),
+    (128, False): ((4096, 128, "persistent"), (None, 128, "grid+overlap")),
+    (128, True): ((4096, 128, "persistent"), (None, 128, "grid+overlap")),
+    (256, False): ((512, 64, "persistent"), (8192, 64, "persistent+overlap"), (None, 64, "grid+overlap")),
+    (256, True): ((512, 64, "persistent"), (2048, 64, "persistent+overlap"), (8192, 64, "balanced+overlap"),
+                  (None, 64, "grid+overlap")),
 }
 
 
@@ -167,12 +173,13 @@ def default_config(head_dim: int, kv_len: int | None = None, causal: bool = Fals
     for longest, block_kv, schedule in TUNED[head_dim, bool(causal)]:
         if longest is None or kv_len <= longest:
             break
+    schedule, _, overlap = schedule.partition("+")
     if schedule == "grid":
-        return TuningConfig(block_kv=block_kv)
+        return TuningConfig(block_kv=block_kv, overlap=bool(overlap))
     dev = jax.devices()[0]
     sms = getattr(dev, "core_count", None) if dev.platform == "gpu" else None
     return TuningConfig(block_kv=block_kv, persistent=True, balanced=schedule == "balanced",
-                        num_ctas=sms or 132)
+                        num_ctas=sms or 132, overlap=bool(overlap))
 
 
 def overlap_config(head_dim: int, kv_len: int | None = None, causal: bool = False) -> TuningConfig:
@@ -287,10 +294,13 @@ def _overlap_steps(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, sched
             s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # QK^T done; PV may still run
             scores_read(ki, slot)
             m_new, alpha, p = _scores_to_p(s, m_i, kend_row, ki, masked, scale_log2)
-            l_new, p_new = l_i * alpha + p.sum(axis=1), p.astype(lo)
-            return o_ref[...], m_new, alpha, l_new, p_new   # o_ref[...]: waits for the PV
-        o, m_new, alpha, l_new, p_new = pl.run_scoped(
+            return o_ref[...], m_new, alpha, l_i * alpha + p.sum(axis=1), p  # o_ref[...]: waits for PV
+        o, m_new, alpha, l_new, p = pl.run_scoped(
             gemms, plgpu.ACC((bq, bkv), jnp.float32), plgpu.ACC(acc.shape, jnp.float32))
+        # P is converted only now, after the PV's wait, as in FA3: writing 16-bit P registers while the
+        # PV that reads the previous P is in flight made ptxas serialize every wgmma of the kernel
+        # (C7513, "non wgmma instructions defining input registers of a wgmma"; 0.68x cuDNN).
+        p_new = p.astype(lo)
         plgpu.barrier_arrive(v_free.at[prev])
         o = o if p_smem is None else acc + o
         return end_step(ki, o * lax.broadcast_in_dim(alpha, o.shape, [0]), m_new, l_new, p_new)

@@ -140,8 +140,13 @@ def test_shared_memory_overflow_is_caught_at_lowering():
         jax.jit(f).trace(q, q, q).lower(lowering_platforms=("cuda",))
 
 
+def sched(cfg: TuningConfig) -> str:
+    name = "balanced" if cfg.balanced else "persistent" if cfg.persistent else "grid"
+    return name + ("+overlap" if cfg.overlap else "")
+
+
 def test_default_config_follows_the_tuned_table():
-    """TUNED (fitted to two H100 sweeps): rows ascending, the last open-ended, every pick fits SMEM;
+    """TUNED (two H100 sweeps, then an H200 sweep of the overlap configs): rows ascending, the last open-ended, every pick fits SMEM;
     the schedules the sweeps chose at the table's ends and boundaries."""
     from pallas_kernels.flash_attention import TUNED
     assert set(TUNED) == set(itertools.product((64, 128, 256), (False, True)))
@@ -150,13 +155,14 @@ def test_default_config_follows_the_tuned_table():
         assert longest[-1] is None and longest[:-1] == sorted(longest[:-1]), (hd, causal)
         for S in (1, 512, 1024, 2048, 4096, 8192, 16384, 65536):
             assert default_config(hd, S, causal).smem_bytes(hd) <= 227 * 1024
-    sched = lambda c: "balanced" if c.balanced else "persistent" if c.persistent else "grid"
     for hd, S, causal, want, bkv in ((64, 512, True, "persistent", 128), (64, 1025, True, "persistent", 256),
                                      (64, 16384, True, "grid", 256), (64, 16384, False, "persistent", 256),
-                                     (128, 4096, True, "persistent", 128), (128, 4097, True, "balanced", 128),
-                                     (128, 16384, False, "persistent", 128), (256, 512, False, "persistent", 64),
-                                     (256, 1024, False, "grid", 64), (256, 8192, True, "balanced", 64),
-                                     (256, 16384, True, "grid", 64)):
+                                     (128, 4096, True, "persistent", 128), (128, 4097, True, "grid+overlap", 128),
+                                     (128, 4096, False, "persistent", 128),
+                                     (128, 16384, False, "grid+overlap", 128), (256, 512, False, "persistent", 64),
+                                     (256, 1024, False, "persistent+overlap", 64),
+                                     (256, 8192, True, "balanced+overlap", 64),
+                                     (256, 16384, True, "grid+overlap", 64)):
         cfg = default_config(hd, S, causal)
         assert (sched(cfg), cfg.block_kv) == (want, bkv), (hd, S, causal)
     for hd in (64, 128, 256):
@@ -389,7 +395,6 @@ def _tuned_configs():
         for longest, _, _ in rows:
             cfg = default_config(hd, longest or 1 << 20, causal)
             out.setdefault((hd, cfg), cfg)
-    sched = lambda c: "balanced" if c.balanced else "persistent" if c.persistent else "grid"
     return [pytest.param(hd, c, id=f"hd{hd}-kv{c.block_kv}-{sched(c)}") for hd, c in sorted(out, key=str)]
 
 
