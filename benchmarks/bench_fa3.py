@@ -86,8 +86,9 @@ def main(argv=None) -> None:
     ap.add_argument("--tag", default="", help="suffix of the result files' names")
     ap.add_argument("--variants", action="store_true",
                     help="also time both fixed variants: one CTA per tile (specjax_grid) and the persistent "
-                         "grid (specjax_persistent); specjax is default_config's choice of the two; and "
-                         "specjax_overlap: default_config's schedule with intra-warpgroup overlap")
+                         "grid (specjax_persistent), at the untuned base blocks; specjax is default_config's "
+                         "pick (TUNED); and specjax_overlap: default_config's schedule with intra-warpgroup "
+                         "overlap")
     ap.add_argument("--num-ctas", type=int, default=None,
                     help="persistent grid size (default: the device's SM count, else 132)")
     args = ap.parse_args(argv)

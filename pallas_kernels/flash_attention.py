@@ -69,7 +69,7 @@ _MASKED = -1e30  # finite: a row that has seen only masked keys still has a fini
 
 
 _SMEM_LIMIT = 227 * 1024  # bytes of shared memory one Hopper CTA may use
-_OVERLAP_REGISTERS = 192  # of a consumer thread's 232: O, S and two P tiles with overlap=True
+_OVERLAP_REGISTERS = 192  # of a consumer thread's 232: O, S / P and the previous P with overlap=True
 
 
 def max_overlap_block_kv(head_dim: int) -> int:

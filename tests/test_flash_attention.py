@@ -146,8 +146,8 @@ def sched(cfg: TuningConfig) -> str:
 
 
 def test_default_config_follows_the_tuned_table():
-    """TUNED (two H100 sweeps, then an H200 sweep of the overlap configs): rows ascending, the last open-ended, every pick fits SMEM;
-    the schedules the sweeps chose at the table's ends and boundaries."""
+    """TUNED (two H100 sweeps, then an H200 sweep of the overlap configs): rows ascending, the last
+    open-ended, every pick fits SMEM; the schedules the sweeps chose at the table's ends and boundaries."""
     from pallas_kernels.flash_attention import TUNED
     assert set(TUNED) == set(itertools.product((64, 128, 256), (False, True)))
     for (hd, causal), rows in TUNED.items():
