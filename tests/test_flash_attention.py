@@ -2,6 +2,7 @@
 
 import dataclasses
 import itertools
+import re
 
 import jax
 import jax.experimental.pallas.mosaic_gpu as plgpu
@@ -112,6 +113,47 @@ def test_lowers_for_cuda_with_overlap(hd, dtype, persistent):
         B, H = 16384 // S, 2048 // hd
         q = jax.ShapeDtypeStruct((B, S, H, hd), jnp.dtype(dtype))
         assert "mosaic_gpu" in lower(q, q, key_end(B, S, S, causal=causal))
+
+
+def _mosaic_gpu_text(lowered) -> str:
+    """The Mosaic GPU module inside a program lowered for CUDA, as MLIR text (its ops in program order)."""
+    from jax._src.interpreters import mlir as jax_mlir
+    from jax._src.lib.mlir import ir
+    calls = []
+
+    def walk(op):
+        for region in op.regions:
+            for block in region.blocks:
+                for o in block.operations:
+                    if o.operation.name == "stablehlo.custom_call":
+                        calls.append(o)
+                    walk(o.operation)
+    walk(lowered.compiler_ir("stablehlo").operation)
+    [call] = calls
+    raw = ir.StringAttr(ir.DictAttr(call.attributes["mhlo.backend_config"])["module"]).value_bytes
+    with jax_mlir.make_ir_context() as ctx:
+        ctx.allow_unregistered_dialects = True
+        return str(ir.Module.parse(raw))
+
+
+@pytest.mark.parametrize("hd,persistent", ((64, True), (128, False), (256, True)))
+def test_overlap_converts_p_only_after_the_pv_wait(hd, persistent):
+    """The overlap kernel's one structural rule that ptxas enforces: between the wait for the QK^T
+    (``wgmma.wait_group 1``, the PV of the previous block still in flight) and the wait for that PV
+    (``wait_group 0``) no float32 -> 16-bit conversion may write P. When the softmax converted P there,
+    ptxas serialized every wgmma of the kernel (C7513) and the overlap ran at 0.68x cuDNN
+    (pallas_kernels/NOTES.md, v4 and v6). Both KV loops (unmasked, masked) are checked."""
+    cfg = dataclasses.replace(overlap_config(hd), persistent=persistent)
+    q = jax.ShapeDtypeStruct((1, 1024, 2, hd), jnp.bfloat16)
+    f = lambda q, k, v: flash_attention_fwd(q, k, v, key_end(1, 1024, 1024), config=cfg)[0]
+    lines = _mosaic_gpu_text(jax.jit(f).trace(q, q, q).lower(lowering_platforms=("cuda",))).splitlines()
+    wait = lambda n: [i for i, x in enumerate(lines) if f"wgmma.wait_group.sync.aligned {n};" in x]
+    to_16bit = [i for i, x in enumerate(lines) if "arith.truncf" in x and re.search(r"-> vector<\d+xb?f16>", x)]
+    steps = [(w1, min(w0 for w0 in wait(0) if w0 > w1)) for w1 in wait(1)]
+    assert len(steps) == 2, steps          # one overlapped step body per KV loop
+    for w1, w0 in steps:
+        assert not [i for i in to_16bit if w1 < i < w0], "P converted while its PV is in flight"
+        assert [i for i in to_16bit if i > w0], "P is converted after the wait"
 
 
 def test_overlap_config_and_register_limit():
