@@ -4,7 +4,7 @@ Run with MOSAIC_GPU_DUMP_PTXAS=1 to see ptxas' serialisation warnings (C7513 ...
 other revision is read from ``benchmarks/_fa_head.py`` (gitignored; carry it to the device):
 
     git show HEAD:pallas_kernels/flash_attention.py > benchmarks/_fa_head.py
-    PYTHONPATH=. MOSAIC_GPU_DUMP_PTXAS=1 python3 benchmarks/fa3_variants_probe.py [N_SHAPES]
+    PYTHONPATH=. MOSAIC_GPU_DUMP_PTXAS=1 python3 benchmarks/fa3_variants_probe.py [HEAD_DIMS, e.g. 128]
 """
 import statistics, sys, jax, jax.numpy as jnp
 from jax.experimental.mosaic.gpu import profiler
@@ -13,8 +13,9 @@ from benchmarks import _fa_head as head
 
 SHAPES = [(128, 16384, False), (128, 4096, False), (64, 4096, False), (64, 16384, False),
           (256, 4096, False), (256, 16384, False), (128, 16384, True), (256, 2048, False)]
-if len(sys.argv) > 1:
-    SHAPES = SHAPES[:int(sys.argv[1])]
+if len(sys.argv) > 1:  # head dims, e.g. "128": every S of the FA3 table, both masks
+    SHAPES = [(int(hd), S, c) for hd in sys.argv[1].split(",") for c in (False, True)
+              for S in (512, 1024, 2048, 4096, 8192, 16384)]
 print(jax.devices()[0].device_kind, jax.__version__, flush=True)
 for hd, S, causal in SHAPES:
     B, H = 16384 // S, 2048 // hd

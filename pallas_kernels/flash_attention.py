@@ -12,13 +12,14 @@ One CTA owns ``2 * block_q`` query rows of one (batch, head). Three warpgroups:
 Intra-warpgroup overlap (``TuningConfig(overlap=True)``, FA3's Algorithm 2, both schedules): a
 consumer issues the QK^T of block j and the PV of block j - 1 back to back (async, one wgmma group
 each), waits with ``wgmma_wait(1)`` semantics for the QK^T only, and does block j's softmax while
-its PV still runs on the tensor cores; it then waits for the PV, rescales O and only then converts
-P_j to 16 bits (writing P's registers while the PV that reads P_{j-1} is in flight makes ptxas
-serialize every wgmma of the kernel). The ping-pong with the other consumer is kept (two
-``schedule`` rendezvous per step, as without overlap). A consumer then holds O, S / P of block j in
-float32 and the 16-bit P of block j - 1 in registers: ``max_overlap_block_kv`` bounds block_kv per
-head dim (``overlap_config`` picks it). ``default_config`` uses it where the sweeps found it faster
-(``TUNED``: hd 128 past 4k keys, hd 256 from 1k).
+its PV still runs on the tensor cores; it then waits for the PV and only then converts P_j to 16
+bits (writing P's registers while the PV that reads P_{j-1} is in flight makes ptxas serialize
+every wgmma of the kernel). O is rescaled between the two issues at hd <= 128, as FA3 does, and
+after the PV's wait at hd 256, where that measured faster. The ping-pong with the other consumer is
+kept (two ``schedule`` rendezvous per step, as without overlap). A consumer then holds O, S / P of
+block j in float32 and the 16-bit P of block j - 1 in registers: ``max_overlap_block_kv`` bounds
+block_kv per head dim (``overlap_config`` picks it). ``default_config`` uses it where it measured
+faster (``TUNED``: hd 128 non-causal at every length and causal past 4k keys, hd 256 from 1k).
 
 Masking is one rule: key ``s`` is visible to query row ``t`` of batch ``b`` iff ``s < k_end[b, t]``
 (see ``key_end``). It expresses non-causal, causal top-left, causal bottom-right (KV-cache offsets),
@@ -148,11 +149,12 @@ class TuningConfig:
 # table (bf16, cuDNN in the same process: benchmarks/results/fa3_tune_h100_2026-11-27{,_sched}.*,
 # benchmarks/tune_fa3.py; see pallas_kernels/NOTES.md "v5"; a schedule that was within ~2 % of another
 # in one run and behind it in the other is not trusted), then the overlap picks to one H200 sweep of
-# the overlap configs against those (fa3_tune_h200_2026-11-28_overlap.*, NOTES "v6").
+# the overlap configs against those (fa3_tune_h200_2026-11-28_overlap.*, NOTES "v6"); hd 128
+# non-causal up to 4k to an H100 probe of the overlap with O rescaled early (..._hd128early.txt).
 TUNED = {
     (64, False): ((None, 256, "persistent"),),
     (64, True): ((1024, 128, "persistent"), (8192, 256, "persistent"), (None, 256, "grid")),
-    (128, False): ((4096, 128, "persistent"), (None, 128, "grid+overlap")),
+    (128, False): ((4096, 128, "persistent+overlap"), (None, 128, "grid+overlap")),
     (128, True): ((4096, 128, "persistent"), (None, 128, "grid+overlap")),
     (256, False): ((512, 64, "persistent"), (8192, 64, "persistent+overlap"), (None, 64, "grid+overlap")),
     (256, True): ((512, 64, "persistent"), (2048, 64, "persistent+overlap"), (8192, 64, "balanced+overlap"),
@@ -249,9 +251,10 @@ def _issue_pv(o_ref, acc, p_lo, v_smem, p_smem):
 def _overlap_steps(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, slot_of, *,
                    cfg: TuningConfig, scale_log2: float, on_last_qk=None):
     """``_attend``'s KV loop with intra-warpgroup overlap, for ``n_steps > 0``: step 0 computes
-    P_0; step ki issues QK^T_ki and PV_{ki-1}, waits for the QK^T only (``wgmma_wait(1)``: one
-    group left in flight), does softmax ki while PV_{ki-1} runs, then waits for it and rescales O;
-    after the loop, PV of the last step. Each step has the two ``schedule`` rendezvous of the
+    P_0; step ki issues QK^T_ki and PV_{ki-1} (O rescaled by block ki - 1's factor in between, at
+    hd <= 128), waits for the QK^T only (``wgmma_wait(1)``: one group left in flight), does softmax
+    ki while PV_{ki-1} runs, then waits for it (and rescales O, at hd 256); after the loop, PV of the
+    last step. Each step has the two ``schedule`` rendezvous of the
     ping-pong: after issuing its wgmma and after its softmax."""
     bq, bkv = cfg.block_q, cfg.block_kv
     k_smem, v_smem, k_ready, v_ready, k_free, v_free = ring
@@ -263,13 +266,23 @@ def _overlap_steps(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, sched
         if on_last_qk is not None:
             pl.when(ki == n_steps - 1)(on_last_qk)
 
-    def end_step(ki, acc, m_i, l_i, p_lo):
-        acc, m_i, l_i, p_lo = lax.optimization_barrier((acc, m_i, l_i, p_lo))
+    # FA3 rescales O between the QK^T and PV issues (O is no input of the QK^T): +2-3 % at hd 128; at
+    # hd 256, where O takes 128 registers, rescaling it after the PV's wait measured faster (NOTES, v6).
+    early = carry[0].shape[1] <= 128
+
+    def end_step(ki, *carry):
+        carry = lax.optimization_barrier(carry)
         plgpu.barrier_arrive(schedule)     # softmax done: our next wgmma may go after the other's
         plgpu.barrier_wait(v_ready.at[slot_of(ki)])
         pl.when(ki + 1 < n_steps)(lambda: plgpu.barrier_wait(k_ready.at[slot_of(ki + 1)]))
         plgpu.barrier_wait(schedule)
-        return acc, m_i, l_i, p_lo
+        return carry
+
+    def rescaled(acc, alpha):
+        return acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+
+    def onto(acc, owed):  # what the next PV accumulates onto: O with every rescale applied
+        return rescaled(acc, owed) if early else acc
 
     def first(acc, m_i, l_i):
         def qk(s_ref):
@@ -281,15 +294,15 @@ def _overlap_steps(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, sched
         # Step 0 is masked, except for n_open > 0, where (as unmasked) every row sees block 0.
         kend0 = jnp.maximum(kend_row, jnp.where(n_open > 0, bkv, 0))
         m_new, alpha, p = _scores_to_p(s, m_i, kend0, 0, True, scale_log2)  # acc is still 0
-        return end_step(0, acc, m_new, l_i * alpha + p.sum(axis=1), p.astype(lo))
+        return end_step(0, acc, m_new, l_i * alpha + p.sum(axis=1), p.astype(lo), alpha)
 
     def step(ki, carry, masked: bool):
-        acc, m_i, l_i, p_lo = carry
+        acc, m_i, l_i, p_lo, owed = carry   # owed: block ki - 1's rescale of O, if ``early``
         slot, prev = slot_of(ki), slot_of(ki - 1)
 
         def gemms(s_ref, o_ref):
             plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].T)
-            _issue_pv(o_ref, acc, p_lo, v_smem.at[prev], p_smem)
+            _issue_pv(o_ref, onto(acc, owed), p_lo, v_smem.at[prev], p_smem)
             sync()
             s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # QK^T done; PV may still run
             scores_read(ki, slot)
@@ -302,24 +315,24 @@ def _overlap_steps(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, sched
         # (C7513, "non wgmma instructions defining input registers of a wgmma"; 0.68x cuDNN).
         p_new = p.astype(lo)
         plgpu.barrier_arrive(v_free.at[prev])
-        o = o if p_smem is None else acc + o
-        return end_step(ki, o * lax.broadcast_in_dim(alpha, o.shape, [0]), m_new, l_new, p_new)
+        o = o if p_smem is None else onto(acc, owed) + o
+        return end_step(ki, o if early else rescaled(o, alpha), m_new, l_new, p_new, alpha)
 
-    def last(acc, p_lo):
+    def last(acc, p_lo, owed):
         slot = slot_of(n_steps - 1)
 
         def pv(o_ref):
-            _issue_pv(o_ref, acc, p_lo, v_smem.at[slot], p_smem)
+            _issue_pv(o_ref, onto(acc, owed), p_lo, v_smem.at[slot], p_smem)
             return o_ref[...]
         o = pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
         plgpu.barrier_arrive(v_free.at[slot])
-        return o if p_smem is None else acc + o
+        return o if p_smem is None else onto(acc, owed) + o
 
     carry = first(*carry)
     n_open = jnp.maximum(n_open, 1)    # step 0 ran masked
     carry = lax.fori_loop(1, n_open, functools.partial(step, masked=False), carry)
-    acc, m_i, l_i, p_lo = lax.fori_loop(n_open, n_steps, functools.partial(step, masked=True), carry)
-    return last(acc, p_lo), m_i, l_i
+    acc, m_i, l_i, p_lo, owed = lax.fori_loop(n_open, n_steps, functools.partial(step, masked=True), carry)
+    return last(acc, p_lo, owed), m_i, l_i
 
 
 def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *, wg,

@@ -200,7 +200,7 @@ def test_default_config_follows_the_tuned_table():
     for hd, S, causal, want, bkv in ((64, 512, True, "persistent", 128), (64, 1025, True, "persistent", 256),
                                      (64, 16384, True, "grid", 256), (64, 16384, False, "persistent", 256),
                                      (128, 4096, True, "persistent", 128), (128, 4097, True, "grid+overlap", 128),
-                                     (128, 4096, False, "persistent", 128),
+                                     (128, 4096, False, "persistent+overlap", 128),
                                      (128, 16384, False, "grid+overlap", 128), (256, 512, False, "persistent", 64),
                                      (256, 1024, False, "persistent+overlap", 64),
                                      (256, 8192, True, "balanced+overlap", 64),
