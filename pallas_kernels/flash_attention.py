@@ -254,8 +254,8 @@ def _overlap_steps(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, sched
     P_0; step ki issues QK^T_ki and PV_{ki-1} (O rescaled by block ki - 1's factor in between, at
     hd <= 128), waits for the QK^T only (``wgmma_wait(1)``: one group left in flight), does softmax
     ki while PV_{ki-1} runs, then waits for it (and rescales O, at hd 256); after the loop, PV of the
-    last step. Each step has the two ``schedule`` rendezvous of the
-    ping-pong: after issuing its wgmma and after its softmax."""
+    last step. Each step has the two ``schedule`` rendezvous of the ping-pong: after issuing its
+    wgmma and after its softmax."""
     bq, bkv = cfg.block_q, cfg.block_kv
     k_smem, v_smem, k_ready, v_ready, k_free, v_free = ring
     sync = functools.partial(_sync, schedule)
