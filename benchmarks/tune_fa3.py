@@ -7,9 +7,11 @@ the same process (CUPTI median of ``--iters`` calls). Writes
 config and its ratio to today's ``default_config``. The picks feed ``flash_attention.TUNED``; the
 picks are then checked by a separate ``bench_fa3.py`` run (a sweep's best of N is biased upward by
 timing noise, so its own numbers are not the result). ``--schedules-only``: the base blocks with the
-grid, persistent and balanced persistent schedules. Needs a GPU.
+grid, persistent and balanced persistent schedules; ``--overlap``: intra-warpgroup overlap configs;
+``--o-tiles``: each row's pick as a persistent kernel, with and without overlap, at every number of
+O staging tiles that fits (``TuningConfig.o_tiles``). Needs a GPU.
 
-    PYTHONPATH=. python3 benchmarks/tune_fa3.py [--dtype bfloat16] [--iters 20] [--tag _x] [--schedules-only | --overlap]
+    PYTHONPATH=. python3 benchmarks/tune_fa3.py [--dtype bfloat16] [--iters 20] [--tag _x] [--schedules-only | --overlap | --o-tiles]
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def candidates(hd: int, sms: int, schedules_only: bool = False, overlap: bool = 
     SMEM fits (block_kv must be a multiple of 64: PV's wgmma K dimension); ``schedules_only``:
     default_config(hd)'s blocks with the grid, the persistent and the balanced persistent schedule;
     ``overlap``: intra-warpgroup overlap with every block_kv up to ``max_overlap_block_kv(hd)`` and
-    the three schedules (``main`` adds each row's tuned default)."""
+    the three schedules (``main`` adds each row's tuned default; ``o_tile_candidates`` for --o-tiles)."""
     if overlap:
         return [TuningConfig(block_kv=bkv, persistent=p, balanced=b, num_ctas=sms, overlap=True)
                 for bkv in range(64, max_overlap_block_kv(hd) + 1, 64)
@@ -52,14 +54,38 @@ def candidates(hd: int, sms: int, schedules_only: bool = False, overlap: bool = 
     out = []
     for bkv, st, pers in itertools.product((64, 128, 192, 256), (2, 3, 4), (False, True)):
         cfg = TuningConfig(block_kv=bkv, num_stages=st, persistent=pers, num_ctas=sms)
-        if cfg.smem_bytes(hd) + 3072 <= _SMEM_LIMIT:   # barriers and 1 KiB alignment: ~2.7 KiB measured
+        if cfg.smem_bytes(hd) <= _SMEM_LIMIT:   # Mosaic GPU's own count (test_smem_bytes_is_what_mosaic_allocates)
             out.append(cfg)
     return out
 
 
+def o_tile_candidates(pick: TuningConfig, hd: int) -> list[TuningConfig]:
+    """``pick`` as a persistent kernel (balanced if the pick is), without and with overlap, at each
+    ``o_tiles`` that fits."""
+    out = []
+    for overlap in (False, True):
+        bkv = min(pick.block_kv, max_overlap_block_kv(hd)) if overlap else pick.block_kv
+        p = dataclasses.replace(pick, persistent=True, overlap=overlap, block_kv=bkv)
+        out += [c for n in (0, 1, 2) if (c := dataclasses.replace(p, o_tiles=n)).smem_bytes(hd) <= _SMEM_LIMIT]
+    return out
+
+
+def parse_label(text: str, sms: int, config_type=TuningConfig) -> TuningConfig:
+    """The inverse of ``label``: ``"128/2/P+O/o1"`` -> TuningConfig(block_kv=128, num_stages=2,
+    persistent=True, overlap=True, o_tiles=1, num_ctas=sms)."""
+    bkv, stages, sched, *rest = text.split("/")
+    sched, _, ov = sched.partition("+")
+    extra = {} if not rest else {"o_tiles": int(rest[0].removeprefix("o"))}
+    if sched not in ("G", "P", "B") or ov not in ("", "O"):
+        raise ValueError(f"not a config label (block_kv/num_stages/G|P|B[+O][/oN]): {text!r}")
+    return config_type(block_kv=int(bkv), num_stages=int(stages), persistent=sched != "G",
+                       balanced=sched == "B", overlap=ov == "O", num_ctas=sms, **extra)
+
+
 def label(cfg: TuningConfig) -> str:
     sched = 'B' if cfg.balanced else 'P' if cfg.persistent else 'G'
-    return f"{cfg.block_kv}/{cfg.num_stages}/{sched}{'+O' if cfg.overlap else ''}"
+    o_tiles = "" if cfg.o_tiles is None else f"/o{cfg.o_tiles}"
+    return f"{cfg.block_kv}/{cfg.num_stages}/{sched}{'+O' if cfg.overlap else ''}{o_tiles}"
 
 
 def main(argv=None) -> None:
@@ -74,6 +100,8 @@ def main(argv=None) -> None:
                       help="default blocks; grid (G), persistent (P) and balanced persistent (B) schedules")
     mode.add_argument("--overlap", action="store_true",
                       help="each row's tuned default against intra-warpgroup overlap (+O) configs")
+    mode.add_argument("--o-tiles", action="store_true",
+                      help="each row's tuned default against its persistent forms with 0/1/2 O staging tiles (/oN)")
     args = ap.parse_args(argv)
     dev = jax.devices()[0]
     if dev.platform != "gpu":
@@ -87,7 +115,10 @@ def main(argv=None) -> None:
             B, H = 16384 // S, 2048 // hd
             kend = key_end(B, S, S, causal="top_left" if causal else "none")
             d = default_config(hd, S, causal)
-            cands = candidates(hd, sms, args.schedules_only, args.overlap) + ([d] if args.overlap else [])
+            if args.o_tiles:
+                cands = o_tile_candidates(d, hd) + [d]
+            else:
+                cands = candidates(hd, sms, args.schedules_only, args.overlap) + ([d] if args.overlap else [])
             fns = {label(c): jax.jit(lambda q, k, v, c=c, e=kend: flash_attention_fwd(q, k, v, e, config=c)[0])
                    for c in cands}
             fns["cudnn"] = jax.jit(lambda q, k, v, c=causal: jax.nn.dot_product_attention(
@@ -119,7 +150,7 @@ def _write(rows, dev, args, quiet) -> None:
     name = device_name().lower()
     date = datetime.date.today().isoformat()
     doc = {"device": dev.device_kind, "jax": jax.__version__, "date": date,
-           "command": " ".join(["python3", *sys.argv]), "label": "block_kv/num_stages/(G)rid|(P)ersistent|(B)alanced persistent[+O: overlap]",
+           "command": " ".join(["python3", *sys.argv]), "label": "block_kv/num_stages/(G)rid|(P)ersistent|(B)alanced persistent[+O: overlap][/oN: N O staging tiles]",
            "rows": rows}
     base = os.path.join(args.out, f"fa3_tune_{name}_{date}{args.tag}")
     os.makedirs(args.out, exist_ok=True)

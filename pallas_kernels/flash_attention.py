@@ -37,10 +37,13 @@ and the per-item fixed cost (Q load, pipeline ramp, O/LSE epilogue) overlaps the
     ring's slots and barrier phases carry on from item to item, and also loads each item's Q into
     the consumers' ``q_smem`` once a ``q_free`` barrier says the previous item is done with it;
   * the consumers loop over the same items: wait Q, run the steps, write O and LSE, then arrive on
-    ``q_free``. Where SMEM allows (hd 64, 128) O has its own tile and ``q_free`` is arrived right
+    ``q_free``. Where SMEM allows, O is staged in tiles of its own and ``q_free`` is arrived right
     after the item's last QK^T, so the producer loads the next Q, K and V while the consumers are
-    still in the last PV and the epilogue; at hd 256 O reuses ``q_smem`` and ``q_free`` waits for
-    the O store to have read it (the producer then loads the next item's first K/V blocks first).
+    still in the last PV and the epilogue: one tile per consumer at hd 64 and 128; at hd 256 one
+    tile that the consumers take in turn (wg 0 for item j, then wg 1, then wg 0 for item j + 1;
+    two ``o_turn`` barriers pass it on once a consumer's O store has read it). With
+    ``o_tiles=0`` O reuses ``q_smem`` and ``q_free`` waits for the O store to have read it (the
+    producer then loads the next item's first K/V blocks first).
 With ``balanced=True`` CTA c runs ``order[c], order[c + grid], ...`` instead: the items sorted by
 KV steps, longest first, dealt in snake order (``_balanced_order``, computed in XLA from the per-tile
 key ranges), so causal tiles of unequal work even out; ``default_config`` uses it for long causal rows.
@@ -97,6 +100,7 @@ class TuningConfig:
     num_ctas: int = 132      # persistent grid size: the SM count of an H100 / H200
     overlap: bool = False    # intra-warpgroup overlap: QK^T of block j in flight with PV of j - 1
     balanced: bool = False   # persistent only: items dealt longest-first in snake order (LPT)
+    o_tiles: int | None = None  # persistent only: O staging tiles 0, 1 or 2 (None: most that fit)
 
     def __post_init__(self):
         if self.block_q != 64:
@@ -113,35 +117,58 @@ class TuningConfig:
             raise ValueError(f"balanced must be True or False and needs persistent=True (it orders the "
                              f"persistent grid's items), got balanced={self.balanced!r}, "
                              f"persistent={self.persistent!r}")
+        if self.o_tiles not in (None, 0, 1, 2) or (self.o_tiles is not None and not self.persistent):
+            raise ValueError(f"o_tiles must be None, 0, 1 or 2 and needs persistent=True (O staging tiles "
+                             f"of the persistent kernel), got o_tiles={self.o_tiles!r}, "
+                             f"persistent={self.persistent!r}")
         if isinstance(self.num_ctas, bool) or not isinstance(self.num_ctas, int) or self.num_ctas < 1:
             raise ValueError(f"num_ctas must be a positive int (CTAs of the persistent grid, at most "
                              f"one per SM is useful), got {self.num_ctas!r}")
 
-    def check_head_dim(self, head_dim: int) -> None:
-        """Raises ValueError where ``overlap`` would not fit the consumers' registers."""
+    def check_head_dim(self, head_dim: int, itemsize: int = 2) -> None:
+        """Raises ValueError where the buffers would not fit 227 KiB of SMEM or ``overlap`` would not
+        fit the consumers' registers."""
+        if self.smem_bytes(head_dim, itemsize) > _SMEM_LIMIT:
+            raise ValueError(
+                f"{self} needs {self.smem_bytes(head_dim, itemsize)} bytes of shared memory at head dim "
+                f"{head_dim}, more than the {_SMEM_LIMIT} a Hopper CTA has: use a smaller block_kv, "
+                f"fewer num_stages or fewer o_tiles")
         if self.overlap and self.block_kv > max_overlap_block_kv(head_dim):
             raise ValueError(
                 f"overlap=True keeps O, S and two P tiles in registers: at head dim {head_dim} "
                 f"block_kv must be <= {max_overlap_block_kv(head_dim)}, got {self.block_kv} "
                 f"(overlap_config(head_dim) picks one that fits)")
 
-    def _tile_bytes(self, head_dim: int, itemsize: int) -> int:
-        return 2 * self.block_q * head_dim * itemsize   # one [2 * block_q, d] Q or O tile
+    def _barriers(self, o_tiles: int) -> int:
+        """Barriers the kernel allocates: K/V ready and free per ring slot, Q ready per consumer,
+        the ``schedule`` rendezvous; persistent: ``q_free`` per consumer, and with one shared O tile
+        the two ``o_turn`` barriers."""
+        return 4 * self.num_stages + 3 + (2 if self.persistent else 0) + (2 if o_tiles == 1 else 0)
 
-    def _base_smem_bytes(self, head_dim: int, itemsize: int) -> int:
-        kv = 2 * self.num_stages * self.block_kv * head_dim * itemsize
-        p = 2 * self.block_q * self.block_kv * itemsize if self.interpretable else 0
-        return self._tile_bytes(head_dim, itemsize) + kv + p + 2 * self.block_q * 4
+    def smem_bytes(self, head_dim: int, itemsize: int = 2, o_tiles: int | None = None) -> int:
+        """Shared memory the kernel allocates, as Mosaic GPU counts it: every buffer rounded up to
+        1 KiB (its SMEM alignment), then 8 bytes per barrier. ``o_tiles``: O staging tiles
+        (persistent only; default ``self.o_tile_count``)."""
+        o_tiles = self.o_tile_count(head_dim, itemsize) if o_tiles is None else o_tiles
+        align = lambda n: -(-n // 1024) * 1024
+        tile = self.block_q * head_dim * itemsize           # one consumer's [block_q, d] Q or O tile
+        ring = self.num_stages * self.block_kv * head_dim * itemsize   # K's or V's
+        buffers = [2 * tile, ring, ring, 2 * self.block_q * 4,
+                   2 * self.block_q * self.block_kv * itemsize if self.interpretable else 0,
+                   o_tiles * tile]
+        return sum(map(align, buffers)) + 8 * self._barriers(o_tiles)
 
-    def separate_o(self, head_dim: int, itemsize: int = 2) -> bool:
-        """Persistent kernel only: whether an O tile of its own fits beside Q (not at hd256 with a
-        2-deep ring of 64-key blocks), so the next item's Q load need not wait for the O store."""
-        return self.persistent and (self._base_smem_bytes(head_dim, itemsize)
-                                    + self._tile_bytes(head_dim, itemsize) <= _SMEM_LIMIT)
-
-    def smem_bytes(self, head_dim: int, itemsize: int = 2) -> int:
-        o = self._tile_bytes(head_dim, itemsize) if self.separate_o(head_dim, itemsize) else 0
-        return self._base_smem_bytes(head_dim, itemsize) + o
+    def o_tile_count(self, head_dim: int, itemsize: int = 2) -> int:
+        """Persistent kernel only: SMEM tiles that stage O for its TMA store, so that a consumer's Q
+        tile can be refilled for the next item right after its last QK^T. ``o_tiles`` if set, else
+        the most that fit 227 KiB: 2 (one per consumer: hd 64, 128), 1 (one tile the consumers
+        take in turn: hd 256 with 64-key blocks) or 0 (O is written through the consumer's Q
+        tile, and the next item's Q loads after that store). The grid kernel always uses 0."""
+        if not self.persistent:
+            return 0
+        if self.o_tiles is not None:
+            return self.o_tiles
+        return next((n for n in (2, 1) if self.smem_bytes(head_dim, itemsize, n) <= _SMEM_LIMIT), 0)
 
 
 # Per (head dim, causal): ``(longest kv_len, block_kv, schedule)`` rows, the first that covers kv_len
@@ -491,12 +518,13 @@ def _kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, o_ref, lse_ref, s
 # ---------------------------------------------------------------- persistent: CTAs loop over items
 def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs, cfg: TuningConfig,
                        n_rep: int, scale_log2: float, n_kv_blocks: int, n_tiles: int, n_batch: int,
-                       n_heads: int, n_ctas: int, separate_o: bool):
-    """``refs``: ``[order_ref,] o_ref, lse_ref, scoped`` (``order_ref`` with ``cfg.balanced`` only)."""
+                       n_heads: int, n_ctas: int, o_tiles: int):
+    """``refs``: ``[order_ref,] o_ref, lse_ref, scoped`` (``order_ref`` with ``cfg.balanced`` only);
+    ``o_tiles``: O staging tiles (``TuningConfig.o_tile_count``)."""
     bq, bkv, stages = cfg.block_q, cfg.block_kv, cfg.num_stages
     order_ref, (o_ref, lse_ref, scoped) = (refs[0], refs[1:]) if cfg.balanced else (None, refs)
     (q_smem2, k_smem, v_smem, lse_smem2, p_smem2, o_smem2), (k_ready, v_ready, q_ready), \
-        (k_free, v_free), q_free, schedule = scoped
+        (k_free, v_free), (q_free, o_turn), schedule = scoped
     ring = (k_smem, v_smem, k_ready, v_ready, k_free, v_free)
     cta, wg = lax.axis_index("cta"), lax.axis_index("wg")
     n_items = lax.div(n_tiles * n_batch * n_heads - 1 - cta, n_ctas) + 1  # items cta, cta + n_ctas, ...
@@ -520,9 +548,10 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
     def _consumer():
         plgpu.set_max_registers(232, action="increase")
         q_smem, lse_smem = q_smem2.at[wg], lse_smem2.at[wg]
-        o_smem = o_smem2.at[wg] if separate_o else q_smem
+        o_smem = q_smem if o_tiles == 0 else o_smem2.at[wg if o_tiles == 2 else 0]
         p_smem = None if p_smem2 is None else p_smem2.at[wg]
         release_q = lambda: plgpu.barrier_arrive(q_free.at[wg])
+        own_o = o_tiles > 0      # O not staged in q_smem: Q is free after the item's last QK^T
 
         def run_item(j, step0):
             qi, bi, hi, n_open, n_steps = item(j)
@@ -532,26 +561,34 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
             plgpu.barrier_wait(q_ready.at[wg])
             acc, m_i, l_i = _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule,
                                     wg=wg, cfg=cfg, scale_log2=scale_log2, step0=step0,
-                                    on_last_qk=release_q if separate_o else None)
-            if separate_o:
+                                    on_last_qk=release_q if own_o else None)
+            if own_o:
                 pl.when(n_steps == 0)(release_q)   # no QK^T ran: q_smem was not read
+            if o_tiles == 2:
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last item's stores left o/lse_smem
+            if o_tiles == 1:  # the shared tile is ours once the other consumer's last O store read it
+                pl.when((wg == 1) | (j > 0))(lambda: plgpu.barrier_wait(o_turn.at[1 - wg]))
             _store_tile(acc, m_i, l_i, kend_row, o_smem, lse_smem,
                         o_ref.at[bi, pl.ds(q_base, bq), hi], lse_ref.at[bi, hi, pl.ds(q_base, bq)])
-            if not separate_o:
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # O (in q_smem) read out
-                release_q()
+            if o_tiles < 2:
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # O read out of the shared tile / q_smem
+                if o_tiles:
+                    plgpu.barrier_arrive(o_turn.at[wg])
+                else:
+                    release_q()
             return step0 + n_steps
 
         lax.fori_loop(0, n_items, run_item, jnp.int32(0))
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        if o_tiles == 1:  # observe wg 1's last hand-over too, so no barrier phase is left pending
+            pl.when(wg == 0)(lambda: plgpu.barrier_wait(o_turn.at[1]))
 
     @pl.when(wg == 2)
     def _producer():
         plgpu.set_max_registers(40, action="decrease")
-        # q_free completes when the item's Q SMEM may be refilled: at its last QK^T with a separate
-        # O tile (then Q goes first), after its O store otherwise (then the first K/V blocks go first).
-        lead = 0 if separate_o else stages
+        # q_free completes when the item's Q SMEM may be refilled: at its last QK^T with O tiles of
+        # its own (then Q goes first), after its O store otherwise (then the first K/V blocks go first).
+        lead = stages if o_tiles == 0 else 0
 
         def load_kv(step, ki, bi, gi):  # ``step`` counts K/V blocks over all of this CTA's items
             slot, kv = lax.rem(step, stages), (bi, pl.ds(ki * bkv, bkv), gi)
@@ -617,11 +654,11 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
     stages = cfg.num_stages
     common = dict(cfg=cfg, n_rep=H // G, scale_log2=scale * _LOG2E,
                   n_kv_blocks=pl.cdiv(S, cfg.block_kv), n_tiles=n_tiles)
-    separate_o = cfg.separate_o(d, jnp.dtype(dtype).itemsize)
+    o_tiles = cfg.o_tile_count(d, jnp.dtype(dtype).itemsize)
     n_ctas = min(cfg.num_ctas, n_tiles * B * H)
     if cfg.persistent:
         body = functools.partial(_persistent_kernel, **common, n_batch=B, n_heads=H, n_ctas=n_ctas,
-                                 separate_o=separate_o)
+                                 o_tiles=o_tiles)
         grid, grid_names = (n_ctas,), ("cta",)
     else:
         body = functools.partial(_kernel, **common)
@@ -638,11 +675,12 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
         barriers = (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
                     plgpu.Barrier(num_barriers=2))
         free = (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2
-        q_free = ()
-        if cfg.persistent:  # + the O tile; q_free: a consumer warpgroup's Q SMEM may be refilled
-            scratch += (_smem_tiled((2, cfg.block_q, d), dtype) if separate_o else None,)
-            q_free = (plgpu.Barrier(num_barriers=2),)
-        pl.run_scoped(lambda *s: body(*refs, s), scratch, barriers, free, *q_free,
+        handover = ()
+        if cfg.persistent:  # + the O tiles; q_free: a consumer's Q SMEM may be refilled; o_turn: see
+            scratch += (_smem_tiled((o_tiles, cfg.block_q, d), dtype) if o_tiles else None,)  # the docstring
+            handover = ((plgpu.Barrier(num_barriers=2),
+                         plgpu.Barrier(num_barriers=2) if o_tiles == 1 else None),)
+        pl.run_scoped(lambda *s: body(*refs, s), scratch, barriers, free, *handover,
                       plgpu.Barrier(num_arrivals=2), collective_axes="wg")
 
     return plgpu.kernel(
@@ -651,7 +689,9 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
                   jax.ShapeDtypeStruct((B, H, n_tiles * 2 * cfg.block_q), jnp.float32)),
         grid=grid, grid_names=grid_names,
         num_threads=3, thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True))
+        # No cross-warp reductions here (row max / sum stay within a warp's quads): the 2 KiB of SMEM
+        # Mosaic GPU reserves for them by default would keep hd 256's shared O tile out.
+        compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=0))
 
 
 def key_end(B: int, T: int, S: int, *, causal: str = "none", kv_lens_B=None, q_lens_B=None,
@@ -697,7 +737,7 @@ def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT, *, scale: float | None 
     _check(q_BTHd, k_BSGd, v_BSGd, kend_BT)
     (B, T, H, d), (S, G) = q_BTHd.shape, k_BSGd.shape[1:3]
     cfg = config or default_config(d, S)
-    cfg.check_head_dim(d)
+    cfg.check_head_dim(d, jnp.dtype(q_BTHd.dtype).itemsize)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     rows = 2 * cfg.block_q
     n_tiles = pl.cdiv(T, rows)

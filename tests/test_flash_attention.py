@@ -215,7 +215,7 @@ def test_default_config_follows_the_tuned_table():
 def test_config_and_input_validation():
     for bad in (dict(block_q=128), dict(block_kv=96), dict(num_stages=1), dict(num_ctas=0),
                 dict(num_ctas=2.0), dict(persistent=1), dict(balanced=True),
-                dict(persistent=True, balanced=1)):
+                dict(persistent=True, balanced=1), dict(o_tiles=1), dict(persistent=True, o_tiles=3)):
         with pytest.raises(ValueError):
             TuningConfig(**bad)
     q = jnp.zeros((1, 8, 2, 80), jnp.bfloat16)
@@ -224,13 +224,33 @@ def test_config_and_input_validation():
 
 
 def test_persistent_smem_budget():
-    """A separate O tile where it fits (hd 64, 128), O reusing Q's SMEM at hd 256; all <= 227 KiB."""
-    for hd, separate in ((64, True), (128, True), (256, False)):
-        cfg = dataclasses.replace(default_config(hd), persistent=True)
-        assert cfg.separate_o(hd) == separate
-        assert cfg.smem_bytes(hd) == default_config(hd).smem_bytes(hd) + separate * 2 * 64 * hd * 2
+    """O tiles of its own per consumer where they fit (hd 64, 128), one shared tile at hd 256 (with
+    64-key blocks), none where even that does not fit; all <= 227 KiB, none for the grid kernel."""
+    for hd, bkv, stages, tiles in ((64, 256, 2, 2), (64, 256, 3, 2), (128, 128, 2, 2), (256, 64, 2, 1),
+                                   (128, 192, 2, 0), (128, 128, 3, 0)):
+        cfg = TuningConfig(block_kv=bkv, num_stages=stages, persistent=True)
+        assert cfg.o_tile_count(hd) == tiles, (hd, bkv, stages)
         assert cfg.smem_bytes(hd) <= 227 * 1024
-        assert not default_config(hd).separate_o(hd)
+        assert dataclasses.replace(cfg, persistent=False).o_tile_count(hd) == 0
+    assert TuningConfig(block_kv=64, persistent=True, o_tiles=0).o_tile_count(256) == 0
+    with pytest.raises(ValueError, match="shared memory"):   # two O tiles do not fit at hd 256
+        TuningConfig(block_kv=64, persistent=True, o_tiles=2).check_head_dim(256)
+
+
+@pytest.mark.parametrize("hd,cfg", [(256, TuningConfig(block_kv=64, persistent=True)),
+                                    (128, TuningConfig(block_kv=192)),
+                                    (64, TuningConfig(block_kv=256, num_stages=3, persistent=True)),
+                                    (64, TuningConfig(block_kv=64, persistent=True, o_tiles=1, overlap=True))])
+def test_smem_bytes_is_what_mosaic_allocates(hd, cfg):
+    """``smem_bytes`` (which picks the O tiles) equals Mosaic GPU's own count: lowering under a limit
+    one byte below it fails and names exactly that many bytes."""
+    from jax.experimental.mosaic.gpu import core as mgpu_core
+    q = jax.ShapeDtypeStruct((2, 512, 2, hd), jnp.bfloat16)
+    f = lambda q, k, v: flash_attention_fwd(q, k, v, key_end(2, 512, 512), config=cfg)
+    want = cfg.smem_bytes(hd)
+    with mgpu_core.artificial_shared_memory_limit(want - 1), pytest.raises(ValueError) as err:
+        jax.jit(f).trace(q, q, q).lower(lowering_platforms=("cuda",))
+    assert f"smem_bytes={want} " in str(err.value), str(err.value)
 
 
 def test_balanced_order_is_a_permutation_that_evens_out_causal_work():
@@ -318,24 +338,28 @@ PERSISTENT_CASES = [
     ("top_left", (1, 200, 2, 200, 1, 64), 3),       # 4 items of 2 lengths over 3 CTAs
     ("bottom_right", (2, 70, 4, 300, 2, 64), 3),    # GQA, per-sequence kv lengths
     ("positions", (2, 9, 3, 130, 1, 64), 2),        # odd T and S, 3 query heads per kv head
-    ("bottom_right", (1, 130, 2, 190, 1, 256), 2),  # hd 256: O reuses Q's SMEM
+    ("bottom_right", (1, 130, 2, 190, 1, 256), 2),  # hd 256: O reuses Q's SMEM (P's SMEM leaves no room)
 ]
+SHARED_O = lambda num_ctas: dataclasses.replace(PERSIST(num_ctas), o_tiles=1)  # one O tile, taken in turn
 
 
 # the balanced order on the cases with items of unequal work (CI time: not all five)
-@pytest.mark.parametrize("mode,shape,num_ctas,balanced", [c + (False,) for c in PERSISTENT_CASES]
-                         + [PERSISTENT_CASES[i] + (True,) for i in (1, 2, 4)])
-def test_interpreter_persistent_matches_reference(mode, shape, num_ctas, balanced):
+@pytest.mark.parametrize("mode,shape,num_ctas,balanced,o_tiles", [c + (False, None) for c in PERSISTENT_CASES]
+                         + [PERSISTENT_CASES[i] + (True, None) for i in (1, 2, 4)]
+                         + [PERSISTENT_CASES[i] + (False, 1) for i in (1, 3)])
+def test_interpreter_persistent_matches_reference(mode, shape, num_ctas, balanced, o_tiles):
     B, T, H, S, G, d = shape
     q, k, v = _inputs(4, *shape, jnp.bfloat16)
     kend = _kend(mode, B, T, S)
+    cfg = dataclasses.replace(PERSIST(num_ctas, balanced), o_tiles=o_tiles)
     with plgpu.force_gpu_interpret_mode():
-        o, lse = flash_attention_fwd(q, k, v, kend, config=PERSIST(num_ctas, balanced))
+        o, lse = flash_attention_fwd(q, k, v, kend, config=cfg)
     _check_close(q, k, v, kend, o, lse, tol=1e-2)
 
 
-@pytest.mark.parametrize("config", [INTERP, PERSIST(3), OVERLAP, dataclasses.replace(OVERLAP, persistent=True, num_ctas=3)],
-                         ids=["grid", "persistent", "overlap-grid", "overlap-persistent"])
+@pytest.mark.parametrize("config", [INTERP, PERSIST(3), SHARED_O(3), OVERLAP,
+                                    dataclasses.replace(OVERLAP, persistent=True, num_ctas=3)],
+                         ids=["grid", "persistent", "persistent-shared-o", "overlap-grid", "overlap-persistent"])
 def test_interpreter_rows_that_see_no_key(config):
     """Padding rows, a warpgroup whose rows all see nothing in a tile that has KV steps (its scores
     are all masked: 0 needs the epilogue's select at hd 64), and whole items with no KV step."""
@@ -351,11 +375,12 @@ def test_interpreter_rows_that_see_no_key(config):
     (INTERP, (1, 128, 1, 192, 1, 64), "top_left"),
     (PERSIST(1), (1, 256, 1, 256, 1, 64), "top_left"),   # separate O tile: Q released at the last QK^T
     (PERSIST(1), (1, 130, 1, 150, 1, 256), "none"),      # O in Q's SMEM: Q released after the O store
+    (SHARED_O(1), (1, 384, 1, 384, 1, 64), "top_left"),  # one O tile taken in turn, 3 items
     (PERSIST(2, balanced=True), (2, 300, 2, 300, 1, 64), "top_left"),  # 12 items of 3 lengths, 2 CTAs
     (OVERLAP, (1, 128, 1, 256, 1, 64), "top_left"),
     (dataclasses.replace(OVERLAP, persistent=True, num_ctas=1), (1, 256, 1, 256, 1, 64), "top_left"),
     (dataclasses.replace(OVERLAP, persistent=True, num_ctas=1), (1, 130, 1, 150, 1, 256), "none"),
-], ids=["grid", "persistent", "persistent-hd256", "persistent-balanced", "overlap-grid", "overlap-persistent", "overlap-persistent-hd256"])
+], ids=["grid", "persistent", "persistent-hd256", "persistent-shared-o", "persistent-balanced", "overlap-grid", "overlap-persistent", "overlap-persistent-hd256"])
 def test_interpreter_finds_no_races(config, shape, mode):
     B, T, H, S, G, d = shape
     q, k, v = _inputs(5, *shape, jnp.float16)
@@ -428,6 +453,18 @@ def test_gpu_matches_float32_reference(dtype, hd, mode, schedule):
 @pytest.mark.parametrize("dtype,hd,mode", GPU_CASES)
 def test_gpu_overlap_matches_float32_reference(dtype, hd, mode, persistent):
     _gpu_vs_reference(dataclasses.replace(overlap_config(hd), persistent=persistent), dtype, hd, mode)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("overlap", (False, True))
+@pytest.mark.parametrize("hd,o_tiles", [(64, 0), (64, 1), (128, 0), (128, 1), (256, 0), (256, 1)])
+def test_gpu_o_staging_tiles_match_float32_reference(hd, o_tiles, overlap):
+    """The persistent kernel with O staged in Q's SMEM (0) or in one tile the consumers take in turn
+    (1; hd 256's default); 2 tiles (hd 64 / 128's default) run in the schedule tests above."""
+    cfg = dataclasses.replace(overlap_config(hd) if overlap else default_config(hd), persistent=True,
+                              o_tiles=o_tiles)
+    for mode in ("top_left", "bottom_right"):
+        _gpu_vs_reference(cfg, "bfloat16", hd, mode)
 
 
 def _tuned_configs():

@@ -1,0 +1,81 @@
+"""Probe (GPU): forward TFLOPS of named FA3 configs on chosen rows of the FA3 table, for this tree's
+kernel and, if ``benchmarks/_fa_head.py`` exists (gitignored; another revision or a patched copy,
+carried to the device), for that one too, all in one process, with cuDNN per row and each output's
+largest difference from cuDNN's.
+
+    git show HEAD:pallas_kernels/flash_attention.py > benchmarks/_fa_head.py   # optional
+    PYTHONPATH=. python3 benchmarks/fa3_configs_probe.py ROWS CONFIGS [--iters 20] [--new-only]
+
+ROWS: ``hd:S:c|n`` (causal or not) separated by commas, e.g. ``128:8192:n,256:4096:c``; CONFIGS:
+``tune_fa3.label`` strings separated by commas, e.g. ``128/2/G+O,192/2/G,64/2/P+O/o1``; ``default``
+is each row's ``default_config``. Configs that do not fit a row's head dim are skipped.
+"""
+import argparse
+import importlib.util
+import os
+import statistics
+import sys
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.mosaic.gpu import profiler
+
+sys.path.insert(0, os.path.dirname(__file__))
+from pallas_kernels import flash_attention as new  # noqa: E402
+from tune_fa3 import parse_label  # noqa: E402
+
+
+def _modules(new_only: bool):
+    mods = [("new", new)]
+    path = os.path.join(os.path.dirname(__file__), "_fa_head.py")
+    if os.path.exists(path) and not new_only:
+        spec = importlib.util.spec_from_file_location("_fa_head", path)
+        head = sys.modules["_fa_head"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
+        spec.loader.exec_module(head)
+        mods.append(("head", head))
+    return mods
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("rows")
+    ap.add_argument("configs")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--new-only", action="store_true", help="skip _fa_head.py even if it exists")
+    a = ap.parse_args(argv)
+    dev = jax.devices()[0]
+    sms = getattr(dev, "core_count", None) or 132
+    print(dev.device_kind, jax.__version__, "command:", " ".join(["python3", *sys.argv]), flush=True)
+    mods = _modules(a.new_only)
+    for row in a.rows.split(","):
+        hd, S, c = row.split(":")
+        hd, S, causal = int(hd), int(S), c == "c"
+        B, H = 16384 // S, 2048 // hd
+        q, k, v = (jax.random.normal(x, (B, S, H, hd), jnp.bfloat16) for x in jax.random.split(jax.random.key(0), 3))
+        kend = new.key_end(B, S, S, causal="top_left" if causal else "none")
+        flops = 4 * B * S * S * H * hd / (2 if causal else 1)
+        runs = {"cudnn": jax.jit(lambda q, k, v: jax.nn.dot_product_attention(
+            q, k, v, is_causal=causal, implementation="cudnn"))}
+        for mname, m in mods:
+            for lab in a.configs.split(","):
+                try:
+                    cfg = m.default_config(hd, S, causal) if lab == "default" else parse_label(lab, sms, m.TuningConfig)
+                    cfg.check_head_dim(hd)
+                except (ValueError, TypeError) as e:
+                    print(f"  skip {mname} {lab} at hd{hd}: {str(e)[:120]}")
+                    continue
+                runs[f"{mname} {lab}"] = jax.jit(lambda q, k, v, c=cfg, m=m: m.flash_attention_fwd(q, k, v, kend, config=c)[0])
+        ref = None
+        for name, f in runs.items():
+            try:
+                o = f(q, k, v).block_until_ready().astype(jnp.float32)
+                ref = o if ref is None else ref
+                _, t = profiler.measure(f, iterations=a.iters)(q, k, v)
+                print(f"hd{hd} S{S} causal={causal} {name}: {flops / statistics.median(t) / 1e9:.0f} TFLOPS, "
+                      f"max|o - cuDNN's| {float(jnp.max(jnp.abs(o - ref))):.3g}", flush=True)
+            except Exception as e:
+                print(f"hd{hd} S{S} causal={causal} {name}: failed {type(e).__name__}: {str(e)[:300]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
