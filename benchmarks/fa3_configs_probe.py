@@ -7,7 +7,7 @@ largest difference from cuDNN's.
     PYTHONPATH=. python3 benchmarks/fa3_configs_probe.py ROWS CONFIGS [--iters 20] [--new-only]
 
 ROWS: ``hd:S:c|n`` (causal or not) separated by commas, e.g. ``128:8192:n,256:4096:c``; CONFIGS:
-``tune_fa3.label`` strings separated by commas, e.g. ``128/2/G+O,192/2/G,64/2/P+O/o1``; ``default``
+``tune_fa3.label`` strings separated by commas, e.g. ``128/2/G+O,192/2/G,64/2/P+O/o0``; ``default``
 is each row's ``default_config``. Configs that do not fit a row's head dim are skipped.
 """
 import argparse

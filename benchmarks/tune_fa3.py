@@ -9,7 +9,7 @@ picks are then checked by a separate ``bench_fa3.py`` run (a sweep's best of N i
 timing noise, so its own numbers are not the result). ``--schedules-only``: the base blocks with the
 grid, persistent and balanced persistent schedules; ``--overlap``: intra-warpgroup overlap configs;
 ``--o-tiles``: each row's pick as a persistent kernel, with and without overlap, at every number of
-O staging tiles that fits (``TuningConfig.o_tiles``). Needs a GPU.
+O staging tiles that fits (``TuningConfig.o_tiles``: 0 or 2). Needs a GPU.
 
     PYTHONPATH=. python3 benchmarks/tune_fa3.py [--dtype bfloat16] [--iters 20] [--tag _x] [--schedules-only | --overlap | --o-tiles]
 """
@@ -66,13 +66,13 @@ def o_tile_candidates(pick: TuningConfig, hd: int) -> list[TuningConfig]:
     for overlap in (False, True):
         bkv = min(pick.block_kv, max_overlap_block_kv(hd)) if overlap else pick.block_kv
         p = dataclasses.replace(pick, persistent=True, overlap=overlap, block_kv=bkv)
-        out += [c for n in (0, 1, 2) if (c := dataclasses.replace(p, o_tiles=n)).smem_bytes(hd) <= _SMEM_LIMIT]
+        out += [c for n in (0, 2) if (c := dataclasses.replace(p, o_tiles=n)).smem_bytes(hd) <= _SMEM_LIMIT]
     return out
 
 
 def parse_label(text: str, sms: int, config_type=TuningConfig) -> TuningConfig:
-    """The inverse of ``label``: ``"128/2/P+O/o1"`` -> TuningConfig(block_kv=128, num_stages=2,
-    persistent=True, overlap=True, o_tiles=1, num_ctas=sms)."""
+    """The inverse of ``label``: ``"128/2/P+O/o0"`` -> TuningConfig(block_kv=128, num_stages=2,
+    persistent=True, overlap=True, o_tiles=0, num_ctas=sms)."""
     bkv, stages, sched, *rest = text.split("/")
     sched, _, ov = sched.partition("+")
     extra = {} if not rest else {"o_tiles": int(rest[0].removeprefix("o"))}
@@ -101,7 +101,7 @@ def main(argv=None) -> None:
     mode.add_argument("--overlap", action="store_true",
                       help="each row's tuned default against intra-warpgroup overlap (+O) configs")
     mode.add_argument("--o-tiles", action="store_true",
-                      help="each row's tuned default against its persistent forms with 0/1/2 O staging tiles (/oN)")
+                      help="each row's tuned default against its persistent forms with 0 / 2 O staging tiles (/oN)")
     args = ap.parse_args(argv)
     dev = jax.devices()[0]
     if dev.platform != "gpu":

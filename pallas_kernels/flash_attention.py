@@ -19,7 +19,7 @@ after the PV's wait at hd 256, where that measured faster. The ping-pong with th
 kept (two ``schedule`` rendezvous per step, as without overlap). A consumer then holds O, S / P of
 block j in float32 and the 16-bit P of block j - 1 in registers: ``max_overlap_block_kv`` bounds
 block_kv per head dim (``overlap_config`` picks it). ``default_config`` uses it where it measured
-faster (``TUNED``: hd 128 non-causal at every length and causal past 4k keys, hd 256 from 1k).
+faster (``TUNED``: hd 128 non-causal up to 4k keys, hd 256 from 1k).
 
 Masking is one rule: key ``s`` is visible to query row ``t`` of batch ``b`` iff ``s < k_end[b, t]``
 (see ``key_end``). It expresses non-causal, causal top-left, causal bottom-right (KV-cache offsets),
@@ -37,13 +37,12 @@ and the per-item fixed cost (Q load, pipeline ramp, O/LSE epilogue) overlaps the
     ring's slots and barrier phases carry on from item to item, and also loads each item's Q into
     the consumers' ``q_smem`` once a ``q_free`` barrier says the previous item is done with it;
   * the consumers loop over the same items: wait Q, run the steps, write O and LSE, then arrive on
-    ``q_free``. Where SMEM allows, O is staged in tiles of its own and ``q_free`` is arrived right
-    after the item's last QK^T, so the producer loads the next Q, K and V while the consumers are
-    still in the last PV and the epilogue: one tile per consumer at hd 64 and 128; at hd 256 one
-    tile that the consumers take in turn (wg 0 for item j, then wg 1, then wg 0 for item j + 1;
-    two ``o_turn`` barriers pass it on once a consumer's O store has read it). With
-    ``o_tiles=0`` O reuses ``q_smem`` and ``q_free`` waits for the O store to have read it (the
-    producer then loads the next item's first K/V blocks first).
+    ``q_free``. Where SMEM allows (hd 64, 128) O has a tile of its own per consumer and ``q_free``
+    is arrived right after the item's last QK^T, so the producer loads the next Q, K and V while the
+    consumers are still in the last PV and the epilogue; at hd 256 (or with ``o_tiles=0``) O reuses
+    ``q_smem`` and ``q_free`` waits for the O store to have read it (the producer then loads the
+    next item's first K/V blocks first). One O tile that the two consumers took in turn, which fits
+    at hd 256, measured slower than that (pallas_kernels/NOTES.md, v7).
 With ``balanced=True`` CTA c runs ``order[c], order[c + grid], ...`` instead: the items sorted by
 KV steps, longest first, dealt in snake order (``_balanced_order``, computed in XLA from the per-tile
 key ranges), so causal tiles of unequal work even out; ``default_config`` uses it for long causal rows.
@@ -100,7 +99,7 @@ class TuningConfig:
     num_ctas: int = 132      # persistent grid size: the SM count of an H100 / H200
     overlap: bool = False    # intra-warpgroup overlap: QK^T of block j in flight with PV of j - 1
     balanced: bool = False   # persistent only: items dealt longest-first in snake order (LPT)
-    o_tiles: int | None = None  # persistent only: O staging tiles 0, 1 or 2 (None: most that fit)
+    o_tiles: int | None = None  # persistent only: O staging tiles, 0 or 2 (None: 2 where they fit)
 
     def __post_init__(self):
         if self.block_q != 64:
@@ -117,8 +116,8 @@ class TuningConfig:
             raise ValueError(f"balanced must be True or False and needs persistent=True (it orders the "
                              f"persistent grid's items), got balanced={self.balanced!r}, "
                              f"persistent={self.persistent!r}")
-        if self.o_tiles not in (None, 0, 1, 2) or (self.o_tiles is not None and not self.persistent):
-            raise ValueError(f"o_tiles must be None, 0, 1 or 2 and needs persistent=True (O staging tiles "
+        if self.o_tiles not in (None, 0, 2) or (self.o_tiles is not None and not self.persistent):
+            raise ValueError(f"o_tiles must be None, 0 or 2 and needs persistent=True (O staging tiles "
                              f"of the persistent kernel), got o_tiles={self.o_tiles!r}, "
                              f"persistent={self.persistent!r}")
         if isinstance(self.num_ctas, bool) or not isinstance(self.num_ctas, int) or self.num_ctas < 1:
@@ -128,22 +127,21 @@ class TuningConfig:
     def check_head_dim(self, head_dim: int, itemsize: int = 2) -> None:
         """Raises ValueError where the buffers would not fit 227 KiB of SMEM or ``overlap`` would not
         fit the consumers' registers."""
-        if self.smem_bytes(head_dim, itemsize) > _SMEM_LIMIT:
-            raise ValueError(
-                f"{self} needs {self.smem_bytes(head_dim, itemsize)} bytes of shared memory at head dim "
-                f"{head_dim}, more than the {_SMEM_LIMIT} a Hopper CTA has: use a smaller block_kv, "
-                f"fewer num_stages or fewer o_tiles")
         if self.overlap and self.block_kv > max_overlap_block_kv(head_dim):
             raise ValueError(
                 f"overlap=True keeps O, S and two P tiles in registers: at head dim {head_dim} "
                 f"block_kv must be <= {max_overlap_block_kv(head_dim)}, got {self.block_kv} "
                 f"(overlap_config(head_dim) picks one that fits)")
+        if self.smem_bytes(head_dim, itemsize) > _SMEM_LIMIT:
+            raise ValueError(
+                f"{self} needs {self.smem_bytes(head_dim, itemsize)} bytes of shared memory at head dim "
+                f"{head_dim}, more than the {_SMEM_LIMIT} a Hopper CTA has: use a smaller block_kv, "
+                f"fewer num_stages or fewer o_tiles")
 
-    def _barriers(self, o_tiles: int) -> int:
+    def _barriers(self) -> int:
         """Barriers the kernel allocates: K/V ready and free per ring slot, Q ready per consumer,
-        the ``schedule`` rendezvous; persistent: ``q_free`` per consumer, and with one shared O tile
-        the two ``o_turn`` barriers."""
-        return 4 * self.num_stages + 3 + (2 if self.persistent else 0) + (2 if o_tiles == 1 else 0)
+        the ``schedule`` rendezvous; persistent: ``q_free`` per consumer."""
+        return 4 * self.num_stages + 3 + (2 if self.persistent else 0)
 
     def smem_bytes(self, head_dim: int, itemsize: int = 2, o_tiles: int | None = None) -> int:
         """Shared memory the kernel allocates, as Mosaic GPU counts it: every buffer rounded up to
@@ -156,19 +154,18 @@ class TuningConfig:
         buffers = [2 * tile, ring, ring, 2 * self.block_q * 4,
                    2 * self.block_q * self.block_kv * itemsize if self.interpretable else 0,
                    o_tiles * tile]
-        return sum(map(align, buffers)) + 8 * self._barriers(o_tiles)
+        return sum(map(align, buffers)) + 8 * self._barriers()
 
     def o_tile_count(self, head_dim: int, itemsize: int = 2) -> int:
         """Persistent kernel only: SMEM tiles that stage O for its TMA store, so that a consumer's Q
         tile can be refilled for the next item right after its last QK^T. ``o_tiles`` if set, else
-        the most that fit 227 KiB: 2 (one per consumer: hd 64, 128), 1 (one tile the consumers
-        take in turn: hd 256 with 64-key blocks) or 0 (O is written through the consumer's Q
-        tile, and the next item's Q loads after that store). The grid kernel always uses 0."""
+        2 (one per consumer) where they fit 227 KiB (hd 64, 128), else 0 (O is written through the
+        consumer's Q tile, and the next item's Q loads after that store). The grid kernel: 0."""
         if not self.persistent:
             return 0
         if self.o_tiles is not None:
             return self.o_tiles
-        return next((n for n in (2, 1) if self.smem_bytes(head_dim, itemsize, n) <= _SMEM_LIMIT), 0)
+        return 2 if self.smem_bytes(head_dim, itemsize, 2) <= _SMEM_LIMIT else 0
 
 
 # Per (head dim, causal): ``(longest kv_len, block_kv, schedule)`` rows, the first that covers kv_len
@@ -177,12 +174,13 @@ class TuningConfig:
 # benchmarks/tune_fa3.py; see pallas_kernels/NOTES.md "v5"; a schedule that was within ~2 % of another
 # in one run and behind it in the other is not trusted), then the overlap picks to one H200 sweep of
 # the overlap configs against those (fa3_tune_h200_2026-11-28_overlap.*, NOTES "v6"); hd 128
-# non-causal up to 4k to an H100 probe of the overlap with O rescaled early (..._hd128early.txt).
+# non-causal up to 4k to an H100 probe of the overlap with O rescaled early (..._hd128early.txt); hd 128
+# from 8k keys to 192-key blocks, which fit once the Mosaic GPU reduction scratch was dropped (NOTES "v7").
 TUNED = {
     (64, False): ((None, 256, "persistent"),),
     (64, True): ((1024, 128, "persistent"), (8192, 256, "persistent"), (None, 256, "grid")),
-    (128, False): ((4096, 128, "persistent+overlap"), (None, 128, "grid+overlap")),
-    (128, True): ((4096, 128, "persistent"), (None, 128, "grid+overlap")),
+    (128, False): ((4096, 128, "persistent+overlap"), (None, 192, "grid")),
+    (128, True): ((4096, 128, "persistent"), (None, 192, "grid")),
     (256, False): ((512, 64, "persistent"), (8192, 64, "persistent+overlap"), (None, 64, "grid+overlap")),
     (256, True): ((512, 64, "persistent"), (2048, 64, "persistent+overlap"), (8192, 64, "balanced+overlap"),
                   (None, 64, "grid+overlap")),
@@ -524,7 +522,7 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
     bq, bkv, stages = cfg.block_q, cfg.block_kv, cfg.num_stages
     order_ref, (o_ref, lse_ref, scoped) = (refs[0], refs[1:]) if cfg.balanced else (None, refs)
     (q_smem2, k_smem, v_smem, lse_smem2, p_smem2, o_smem2), (k_ready, v_ready, q_ready), \
-        (k_free, v_free), (q_free, o_turn), schedule = scoped
+        (k_free, v_free), q_free, schedule = scoped
     ring = (k_smem, v_smem, k_ready, v_ready, k_free, v_free)
     cta, wg = lax.axis_index("cta"), lax.axis_index("wg")
     n_items = lax.div(n_tiles * n_batch * n_heads - 1 - cta, n_ctas) + 1  # items cta, cta + n_ctas, ...
@@ -548,10 +546,9 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
     def _consumer():
         plgpu.set_max_registers(232, action="increase")
         q_smem, lse_smem = q_smem2.at[wg], lse_smem2.at[wg]
-        o_smem = q_smem if o_tiles == 0 else o_smem2.at[wg if o_tiles == 2 else 0]
+        o_smem = o_smem2.at[wg] if o_tiles else q_smem
         p_smem = None if p_smem2 is None else p_smem2.at[wg]
         release_q = lambda: plgpu.barrier_arrive(q_free.at[wg])
-        own_o = o_tiles > 0      # O not staged in q_smem: Q is free after the item's last QK^T
 
         def run_item(j, step0):
             qi, bi, hi, n_open, n_steps = item(j)
@@ -561,34 +558,26 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
             plgpu.barrier_wait(q_ready.at[wg])
             acc, m_i, l_i = _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule,
                                     wg=wg, cfg=cfg, scale_log2=scale_log2, step0=step0,
-                                    on_last_qk=release_q if own_o else None)
-            if own_o:
+                                    on_last_qk=release_q if o_tiles else None)
+            if o_tiles:
                 pl.when(n_steps == 0)(release_q)   # no QK^T ran: q_smem was not read
-            if o_tiles == 2:
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last item's stores left o/lse_smem
-            if o_tiles == 1:  # the shared tile is ours once the other consumer's last O store read it
-                pl.when((wg == 1) | (j > 0))(lambda: plgpu.barrier_wait(o_turn.at[1 - wg]))
             _store_tile(acc, m_i, l_i, kend_row, o_smem, lse_smem,
                         o_ref.at[bi, pl.ds(q_base, bq), hi], lse_ref.at[bi, hi, pl.ds(q_base, bq)])
-            if o_tiles < 2:
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # O read out of the shared tile / q_smem
-                if o_tiles:
-                    plgpu.barrier_arrive(o_turn.at[wg])
-                else:
-                    release_q()
+            if not o_tiles:
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # O (in q_smem) read out
+                release_q()
             return step0 + n_steps
 
         lax.fori_loop(0, n_items, run_item, jnp.int32(0))
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-        if o_tiles == 1:  # observe wg 1's last hand-over too, so no barrier phase is left pending
-            pl.when(wg == 0)(lambda: plgpu.barrier_wait(o_turn.at[1]))
 
     @pl.when(wg == 2)
     def _producer():
         plgpu.set_max_registers(40, action="decrease")
         # q_free completes when the item's Q SMEM may be refilled: at its last QK^T with O tiles of
         # its own (then Q goes first), after its O store otherwise (then the first K/V blocks go first).
-        lead = stages if o_tiles == 0 else 0
+        lead = 0 if o_tiles else stages
 
         def load_kv(step, ki, bi, gi):  # ``step`` counts K/V blocks over all of this CTA's items
             slot, kv = lax.rem(step, stages), (bi, pl.ds(ki * bkv, bkv), gi)
@@ -675,12 +664,11 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
         barriers = (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
                     plgpu.Barrier(num_barriers=2))
         free = (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2
-        handover = ()
-        if cfg.persistent:  # + the O tiles; q_free: a consumer's Q SMEM may be refilled; o_turn: see
-            scratch += (_smem_tiled((o_tiles, cfg.block_q, d), dtype) if o_tiles else None,)  # the docstring
-            handover = ((plgpu.Barrier(num_barriers=2),
-                         plgpu.Barrier(num_barriers=2) if o_tiles == 1 else None),)
-        pl.run_scoped(lambda *s: body(*refs, s), scratch, barriers, free, *handover,
+        q_free = ()
+        if cfg.persistent:  # + the O tiles; q_free: a consumer warpgroup's Q SMEM may be refilled
+            scratch += (_smem_tiled((2, cfg.block_q, d), dtype) if o_tiles else None,)
+            q_free = (plgpu.Barrier(num_barriers=2),)
+        pl.run_scoped(lambda *s: body(*refs, s), scratch, barriers, free, *q_free,
                       plgpu.Barrier(num_arrivals=2), collective_axes="wg")
 
     return plgpu.kernel(
@@ -690,7 +678,8 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
         grid=grid, grid_names=grid_names,
         num_threads=3, thread_name="wg",
         # No cross-warp reductions here (row max / sum stay within a warp's quads): the 2 KiB of SMEM
-        # Mosaic GPU reserves for them by default would keep hd 256's shared O tile out.
+        # Mosaic GPU reserves for them by default would keep 192-key blocks at hd 128 and a 3-deep
+        # ring of 128-key blocks out.
         compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=0))
 
 
