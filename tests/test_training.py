@@ -159,6 +159,59 @@ def test_sigkilled_process_resumes_on_the_identical_loss_trajectory(tmp_path):
     assert {**first, **second} == full
 
 
+def test_data_parallel_training_follows_the_one_device_trajectory(tmp_path):
+    """Two (forced host) devices: the batch is split along its rows, the state stays replicated, and
+    the losses and params match the one-device run's up to float summation order; a run killed after
+    step 5 and resumed on two devices continues it exactly; a batch that does not split is refused."""
+    script = textwrap.dedent("""
+        import os
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+        import functools, json, sys
+        import jax, numpy as np
+        from specjax.heads import medusa
+        from training import data, losses, tiny
+        from training.loop import TrainConfig, train
+        assert jax.device_count() == 2, jax.devices()
+        cfg, tp = tiny.target()
+        rng = np.random.default_rng(0)
+        ds = data.pack_examples([(rng.integers(0, 256, 6).tolist(), rng.integers(0, 256, 30).tolist())
+                                 for _ in range(16)], 48)
+        mcfg = medusa.MedusaConfig(cfg, num_heads=2)
+        def run(n, tc=(), **kw):
+            tc = TrainConfig(**{**dict(steps=7, batch_size=4, lr=3e-3, warmup_steps=2, progress=False, devices=n),
+                                **dict(tc)})
+            return train(functools.partial(losses.medusa_loss, cfg=mcfg), medusa.init_params(mcfg), {"target": tp},
+                         ds, tc, **kw)
+        one, two = run(1), run(2)
+        shardings = {str(x.sharding.device_set == set(jax.devices())) for x in jax.tree.leaves(two.params)}
+        ckpt = dict(ckpt_dir=sys.argv[1], ckpt_every=2)
+        killed = run(2, tc=ckpt, stop_after=5)
+        resumed = run(2, tc=ckpt)
+        try:
+            run(2, tc=dict(batch_size=3))
+            refused = ""
+        except ValueError as e:
+            refused = str(e)
+        diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                   for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(two.params)))
+        print(json.dumps({"one": [h["loss"] for h in one.history], "two": [h["loss"] for h in two.history],
+                          "killed": [h["loss"] for h in killed.history], "resumed": [h["loss"] for h in resumed.history],
+                          "start": resumed.start_step, "param_diff": diff, "replicated": sorted(shardings),
+                          "refused": refused}))
+    """)
+    path = tmp_path / "dp.py"
+    path.write_text(script)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    p = subprocess.run([sys.executable, str(path), str(tmp_path / "ckpt")], capture_output=True, text=True, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout.splitlines()[-1])
+    assert r["replicated"] == ["True"]
+    np.testing.assert_allclose(r["two"], r["one"], rtol=1e-5)
+    assert 0 < len(set(r["one"])) and r["param_diff"] < 1e-5
+    assert r["start"] == 4 and r["killed"] == r["two"][:5] and r["resumed"] == r["two"][4:]
+    assert "divisible by 2" in r["refused"]
+
+
 def test_data_shards_batches_and_draft_vocab(tmp_path, dataset):
     data.write_shards(tmp_path, dataset, shard_rows=10, meta={"note": "x"})
     back, manifest = data.load_shards(tmp_path)

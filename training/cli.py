@@ -39,6 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lr", type=float, default=6e-4)
     g.add_argument("--warmup", type=int, default=50)
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--devices", type=int, default=None,
+                   help="data-parallel devices (default: all local ones; --batch-size must divide by it)")
     g.add_argument("--ttt-steps", type=int, default=7, help="eagle3: unrolled training-time-test steps")
     g.add_argument("--draft-vocab", type=int, default=8192, help="eagle3: draft vocabulary size")
     g.add_argument("--num-heads", type=int, default=4, help="medusa: heads")
@@ -58,7 +60,7 @@ def train_main(args: argparse.Namespace) -> int:
     ds, _ = build_corpus(tp, cfg, lm.tokenizer, spec, out / "corpus", decontam.eval_texts())
     tc = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup,
                      compute_dtype=args.dtype, seed=args.seed, ckpt_dir=str(out / "ckpt" / args.kind),
-                     ckpt_every=max(1, args.steps // 4), log_every=10)
+                     ckpt_every=max(1, args.steps // 4), log_every=10, devices=args.devices)
     export = out / "export" / args.kind
     bf16 = lambda tree: jax.tree.map(lambda x: x.astype(jnp.bfloat16), tree)  # noqa: E731
     if args.kind == "eagle3":

@@ -1,6 +1,10 @@
 """The generic training loop: a jitted step with donated state, Optax AdamW (warmup + cosine,
 global-norm clipping), float32 master weights with bf16 (or fp32) compute, Orbax checkpoints with
-the data position, and a tqdm bar showing the loss and the acceptance proxy per offset.
+the data position, and a tqdm bar showing the loss and the acceptance proxy per offset. Data
+parallel over the local devices (``TrainConfig.devices``): the state and the frozen tensors are
+replicated, each batch is split along its rows, and XLA's SPMD partitioner inserts the gradient
+all-reduce (the loss is the global batch's, so the trajectory is the one-device one up to the
+order of float additions).
 
 ``loss_fn(params, frozen, batch) -> (loss, {"loss_k": [K], "acc_k": [K]})`` receives the params cast
 to the compute dtype; gradients flow back through the cast into the float32 masters. A run with a
@@ -39,11 +43,15 @@ class TrainConfig:
     log_every: int = 1  # steps between host reads of the metrics (the bar and history update then)
     max_seconds: float | None = None  # wall-clock cap: stop early (with a checkpoint) once exceeded
     progress: bool = True
+    devices: int | None = None  # data-parallel devices: the first n of jax.devices() (None: all)
 
     def __post_init__(self):
         if self.steps <= 0 or self.batch_size <= 0 or self.lr <= 0:
             raise ValueError(f"steps, batch_size and lr must be positive, got {self.steps}, {self.batch_size}, "
                              f"{self.lr}")
+        if self.devices is not None and (isinstance(self.devices, bool) or not isinstance(self.devices, int)
+                                         or self.devices < 1):
+            raise ValueError(f"devices must be a positive int or None (all local devices), got {self.devices!r}")
         if self.compute_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"compute_dtype must be 'float32' or 'bfloat16', got {self.compute_dtype!r}")
 
@@ -69,7 +77,20 @@ def _on_cast_params(loss_fn: Callable, compute_dtype) -> Callable:
     return lambda p, frozen, batch: loss_fn(jax.tree.map(lambda x: x.astype(compute_dtype), p), frozen, batch)
 
 
-def make_step(loss_fn: Callable, opt: optax.GradientTransformation, compute_dtype) -> Callable:
+def data_mesh(tc: TrainConfig, batch_size: int) -> jax.sharding.Mesh:
+    """A 1-D ``("data",)`` mesh over ``tc.devices`` devices (default: all) that ``batch_size`` rows split over."""
+    avail = jax.devices()
+    n = len(avail) if tc.devices is None else tc.devices
+    if n > len(avail) or batch_size % n:
+        raise ValueError(f"data parallelism over {n} devices needs {n} devices (this process has {len(avail)}: "
+                         f"{avail[0].platform}) and a batch size divisible by {n} (got {batch_size}); set "
+                         f"TrainConfig.devices")
+    return jax.sharding.Mesh(np.asarray(avail[:n]), ("data",))
+
+
+def make_step(loss_fn: Callable, opt: optax.GradientTransformation, compute_dtype,
+              mesh: jax.sharding.Mesh | None = None) -> Callable:
+    """The jitted, state-donating update; with ``mesh`` its state and metrics stay replicated on it."""
     cast_loss = _on_cast_params(loss_fn, compute_dtype)
 
     def step(state, frozen, batch):
@@ -79,7 +100,9 @@ def make_step(loss_fn: Callable, opt: optax.GradientTransformation, compute_dtyp
         new = {"step": state["step"] + 1, "params": optax.apply_updates(state["params"], updates),
                "opt_state": opt_state}
         return new, loss, metrics
-    return jax.jit(step, donate_argnums=0)
+    if mesh is None:
+        return jax.jit(step, donate_argnums=0)
+    return jax.jit(step, donate_argnums=0, out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
 
 def evaluate(loss_fn: Callable, params: dict, frozen, data: TokenDataset, batch_size: int, compute_dtype) -> dict:
@@ -109,8 +132,12 @@ def train(loss_fn: Callable, params: dict, frozen, data: TokenDataset, tc: Train
     would); ``callback`` gets each history record as the metrics reach the host; ``heldout`` rows
     are scored with ``evaluate`` at the end (``TrainResult.heldout``)."""
     opt = make_optimizer(tc)
+    mesh = data_mesh(tc, tc.batch_size)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
     params = jax.tree.map(lambda x: jnp.array(x, jnp.float32, copy=True), params)  # own buffers: the state is donated
-    state = {"step": jnp.int32(0), "params": params, "opt_state": opt.init(params)}
+    state = jax.device_put({"step": jnp.int32(0), "params": params, "opt_state": opt.init(params)}, replicated)
+    frozen = jax.device_put(frozen, replicated)
     ckpt = Checkpointer(tc.ckpt_dir) if tc.ckpt_dir else None
     if ckpt is not None and ckpt.latest_step() is not None:
         state, meta = ckpt.restore(state)
@@ -118,7 +145,7 @@ def train(loss_fn: Callable, params: dict, frozen, data: TokenDataset, tc: Train
             raise ValueError(f"checkpoint in {tc.ckpt_dir} was written with data seed {meta.get('data_seed')} and "
                              f"batch size {meta.get('batch_size')}; this run uses {tc.seed} and {tc.batch_size}")
     start = int(state["step"])
-    step_fn = make_step(loss_fn, opt, jnp.dtype(tc.compute_dtype))
+    step_fn = make_step(loss_fn, opt, jnp.dtype(tc.compute_dtype), mesh)
     end = tc.steps if stop_after is None else min(tc.steps, stop_after)
     history, pending, t0 = [], [], time.perf_counter()
     bar = tqdm(range(start, end), desc=desc, disable=not tc.progress, initial=start, total=tc.steps)
@@ -135,7 +162,7 @@ def train(loss_fn: Callable, params: dict, frozen, data: TokenDataset, tc: Train
 
     try:
         for i in bar:
-            batch = {k: jnp.asarray(v) for k, v in data.batch(i, tc.batch_size, tc.seed).items()}
+            batch = jax.device_put(data.batch(i, tc.batch_size, tc.seed), rows)
             state, loss, metrics = step_fn(state, frozen, batch)
             pending.append((i + 1, loss, metrics))
             out_of_time = tc.max_seconds is not None and time.perf_counter() - t0 > tc.max_seconds
