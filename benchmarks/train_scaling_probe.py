@@ -45,7 +45,9 @@ def run(n: int, tp, ds, a) -> dict:
           callback=lambda rec: marks.append((rec["step"], time.perf_counter())))
     (s0, t0), (s1, t1) = next(m for m in marks if m[0] == a.warmup), marks[-1]
     sps = (s1 - s0) / (t1 - t0)
-    return {"devices": n, "steps_per_s": round(sps, 3), "token_positions_per_s": round(sps * a.batch * a.seq)}
+    row = {"devices": n, "steps_per_s": round(sps, 3), "token_positions_per_s": round(sps * a.batch * a.seq)}
+    print(row, flush=True)
+    return row
 
 
 def main(argv=None) -> None:
@@ -65,7 +67,6 @@ def main(argv=None) -> None:
     rows = [run(n, tp, ds, a) for n in counts]
     for r in rows:
         r["speedup_vs_1"] = round(r["steps_per_s"] / rows[0]["steps_per_s"], 3)
-        print(r, flush=True)
     doc = {**header(), "batch": a.batch, "seq": a.seq,
            "recipe": "eagle3, 7 TTT steps, draft vocab 12288, bf16 compute, random SmolLM2-shape target", "rows": rows}
     base = os.path.join(a.out, f"train_scaling_{device_name().lower()}_{doc['date']}{a.tag}")
