@@ -336,6 +336,38 @@ def test_a_cut_off_corpus_build_resumes_from_its_pieces_to_the_same_corpus(targe
     assert calls == [0, 4, 0, 0, 4, 0]
 
 
+def test_fixed_width_corpus_runs_one_program_per_temperature_with_the_same_greedy_answers(target, tmp_path,
+                                                                                         monkeypatch):
+    """``CorpusSpec(fixed_width=True)``: every response batch has one (prompt width, cache capacity, rows) shape
+    per temperature, where the default spec compiles one per prompt-width bucket and row count; the greedy
+    answers are those of the default spec; a spec without the field's default still writes the old JSON."""
+    from specjax.generate import bucket_shapes
+    from training.make_corpus import CorpusSpec, build_corpus
+    cfg, tp = target
+    tok = tiny.tokenizer()
+    spec = CorpusSpec(n_chat=1, n_code=10, n_code_raw=3, temperatures=(0.0, 0.7), max_new_tokens=8,
+                      max_prompt_tokens=320, seq_len=352, gen_batch=4, magpie_max_new=16)
+    assert "fixed_width" not in spec.to_json() and dataclasses.replace(spec, fixed_width=True).to_json()["fixed_width"]
+    shapes = []
+
+    def recording(params, cfg, prompts, **kw):
+        if "top_p" not in kw:  # response batches (the Magpie queries are sampled with top-p)
+            shapes.append((kw["temperature"], len(prompts), bucket_shapes(prompts, kw["max_new_tokens"],
+                                                                          kw.get("pad_to", 0))))
+        return real(params, cfg, prompts, **kw)
+    real = corpus.generate
+    monkeypatch.setattr(corpus, "generate", recording)
+    quiet = lambda msg: None  # noqa: E731
+    default, _ = build_corpus(tp, cfg, tok, spec, tmp_path / "default", None, log=quiet)
+    default_shapes, shapes[:] = set(shapes), []
+    fixed, _ = build_corpus(tp, cfg, tok, dataclasses.replace(spec, fixed_width=True), tmp_path / "fixed", None,
+                            log=quiet)
+    assert len({s for s in default_shapes if s[0] == 0.0}) > 1          # several programs per temperature ...
+    assert len({s for s in shapes if s[0] == 0.0}) == len({s for s in shapes if s[0] == 0.7}) == 1   # ... and one
+    greedy = lambda ds: sorted(map(tuple, ds.tokens_NT[:len(ds) // 2]))  # noqa: E731
+    assert len(fixed) == len(default) and greedy(fixed) == greedy(default)
+
+
 def test_templated_instructions_are_distinct_reproducible_and_varied():
     from training import instructions
     a = instructions.instructions(500, seed=1)

@@ -33,6 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--n-code", type=int, default=1024)
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--seq-len", type=int, default=512)
+    g.add_argument("--fixed-width", action="store_true",
+                   help="answer prompts padded to one width in full batches: one compilation per temperature")
     g = p.add_argument_group("training")
     g.add_argument("--steps", type=int, default=1000)
     g.add_argument("--batch-size", type=int, default=32)
@@ -56,7 +58,7 @@ def train_main(args: argparse.Namespace) -> int:
     lm = load(args.model, args.dtype)
     cfg, tp = lm.cfg, lm.params
     spec = CorpusSpec(n_chat=args.n_chat, n_code=args.n_code, max_new_tokens=args.max_new_tokens, seq_len=args.seq_len,
-                      max_prompt_tokens=min(256, args.seq_len // 2), seed=args.seed)
+                      max_prompt_tokens=min(256, args.seq_len // 2), seed=args.seed, fixed_width=args.fixed_width)
     ds, _ = build_corpus(tp, cfg, lm.tokenizer, spec, out / "corpus", decontam.eval_texts())
     tc = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup,
                      compute_dtype=args.dtype, seed=args.seed, ckpt_dir=str(out / "ckpt" / args.kind),

@@ -168,15 +168,19 @@ def prompt_ids(tok: Tokenizer, prompts: list[str], *, max_prompt_tokens: int, ch
 
 
 def respond_ids(params, cfg: ModelConfig, tok: Tokenizer, ids: list[list[int]], *, temperature: float,
-                max_new_tokens: int, batch_size: int = 256, seed: int = 0,
-                first_batch: int = 0) -> list[tuple[list[int], list[int]]]:
+                max_new_tokens: int, batch_size: int = 256, seed: int = 0, first_batch: int = 0,
+                pad_to: int = 0) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, response ids) for token-id prompts (EOS kept if produced; empty responses dropped),
     ``batch_size`` at a time. Batch ``b`` of the call samples with seed ``seed + first_batch + b``, so answering
     a list in slices of whole batches (``first_batch`` = the slice's first batch) gives what one call over the
-    whole list gives."""
+    whole list gives. ``pad_to``: every batch is padded to that prompt width and a short last batch to
+    ``batch_size`` rows (repeats of its first prompt, answered and dropped), so that all batches of one
+    temperature run one compiled program instead of one per prompt-width bucket and row count (greedy
+    answers are the same either way; sampled ones are other draws of the same distribution)."""
     out = []
     for b, chunk in enumerate(_batches(ids, batch_size)):
-        res = generate(params, cfg, chunk, max_new_tokens=max_new_tokens, temperature=temperature,
-                       seed=seed + first_batch + b, eos_token_ids=tuple(tok.eos_token_ids))
+        rows = chunk + [chunk[0]] * (batch_size - len(chunk)) if pad_to else chunk
+        res = generate(params, cfg, rows, max_new_tokens=max_new_tokens, temperature=temperature,
+                       seed=seed + first_batch + b, eos_token_ids=tuple(tok.eos_token_ids), pad_to=pad_to)
         out += [(p, r) for p, r in zip(chunk, res.output_ids) if r]
     return out

@@ -77,9 +77,9 @@ def _on_cast_params(loss_fn: Callable, compute_dtype) -> Callable:
     return lambda p, frozen, batch: loss_fn(jax.tree.map(lambda x: x.astype(compute_dtype), p), frozen, batch)
 
 
-def data_mesh(tc: TrainConfig, batch_size: int) -> jax.sharding.Mesh:
-    """A 1-D ``("data",)`` mesh over ``tc.devices`` devices (default: all) that ``batch_size`` rows split over."""
-    avail = jax.devices()
+def data_mesh(tc: TrainConfig) -> jax.sharding.Mesh:
+    """A 1-D ``("data",)`` mesh over ``tc.devices`` devices (default: all) that a batch's rows split over."""
+    avail, batch_size = jax.devices(), tc.batch_size
     n = len(avail) if tc.devices is None else tc.devices
     if n > len(avail) or batch_size % n:
         raise ValueError(f"data parallelism over {n} devices needs {n} devices (this process has {len(avail)}: "
@@ -132,7 +132,7 @@ def train(loss_fn: Callable, params: dict, frozen, data: TokenDataset, tc: Train
     would); ``callback`` gets each history record as the metrics reach the host; ``heldout`` rows
     are scored with ``evaluate`` at the end (``TrainResult.heldout``)."""
     opt = make_optimizer(tc)
-    mesh = data_mesh(tc, tc.batch_size)
+    mesh = data_mesh(tc)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
     params = jax.tree.map(lambda x: jnp.array(x, jnp.float32, copy=True), params)  # own buffers: the state is donated

@@ -29,9 +29,14 @@ class CorpusSpec:
     magpie_openers: bool = False  # each Magpie row starts its query with a random ``corpus.OPENERS`` entry
     code_packages: tuple[str, ...] = ()  # installed packages whose functions join the stdlib's as code prompts
     seed: int = 0
+    fixed_width: bool = False  # answer prompts padded to max_prompt_tokens in full batches: one compile per temperature
 
     def to_json(self) -> dict:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        """The spec as JSON (a corpus on disk records it); fields added later are left out while they
+        hold their default, so specs written before them still match."""
+        later = {"fixed_width": False}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
+                if k not in later or v != later[k]}
 
 
 def build_corpus(tp: dict, cfg: ModelConfig, tok: Tokenizer, spec: CorpusSpec, folder: str | Path,
@@ -71,7 +76,8 @@ def build_corpus(tp: dict, cfg: ModelConfig, tok: Tokenizer, spec: CorpusSpec, f
             for j, a in enumerate(range(0, len(ids), step)):
                 examples += store.pairs(f"t{i}_{name}_{j:04d}", corpus.respond_ids, tp, cfg, tok, ids[a:a + step],
                                         temperature=temperature, max_new_tokens=spec.max_new_tokens,
-                                        batch_size=spec.gen_batch, seed=seed, first_batch=j * parts.PART_BATCHES)
+                                        batch_size=spec.gen_batch, seed=seed, first_batch=j * parts.PART_BATCHES,
+                                        pad_to=spec.max_prompt_tokens if spec.fixed_width else 0)
     texts = [tok.decode(p + r) for p, r in examples]
     kept, dropped_examples = decontam.filter_overlap(texts, index)
     examples = [examples[i] for i in kept]
