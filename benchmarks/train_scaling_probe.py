@@ -10,6 +10,7 @@ after the compiled warm-up steps. Writes ``benchmarks/results/train_scaling_<dev
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import time
@@ -20,8 +21,6 @@ import numpy as np
 
 from bench_decode import SMOLLM2_SHAPE
 from common import device_name, header
-import functools
-
 from specjax import model
 from specjax.files import atomic_write_text
 from specjax.heads import eagle3
