@@ -129,12 +129,12 @@ class TuningConfig:
         fit the consumers' registers."""
         if self.overlap and self.block_kv > max_overlap_block_kv(head_dim):
             raise ValueError(
-                f"overlap=True keeps O, S and two P tiles in registers: at head dim {head_dim} "
+                f"overlap=True keeps O, S / P and the previous P in registers: at head dim {head_dim} "
                 f"block_kv must be <= {max_overlap_block_kv(head_dim)}, got {self.block_kv} "
                 f"(overlap_config(head_dim) picks one that fits)")
-        if self.smem_bytes(head_dim, itemsize) > _SMEM_LIMIT:
+        if (need := self.smem_bytes(head_dim, itemsize)) > _SMEM_LIMIT:
             raise ValueError(
-                f"{self} needs {self.smem_bytes(head_dim, itemsize)} bytes of shared memory at head dim "
+                f"{self} needs {need} bytes of shared memory at head dim "
                 f"{head_dim}, more than the {_SMEM_LIMIT} a Hopper CTA has: use a smaller block_kv, "
                 f"fewer num_stages or fewer o_tiles")
 

@@ -79,18 +79,18 @@ def _on_cast_params(loss_fn: Callable, compute_dtype) -> Callable:
 
 def data_mesh(tc: TrainConfig) -> jax.sharding.Mesh:
     """A 1-D ``("data",)`` mesh over ``tc.devices`` devices (default: all) that a batch's rows split over."""
-    avail, batch_size = jax.devices(), tc.batch_size
+    avail = jax.devices()
     n = len(avail) if tc.devices is None else tc.devices
-    if n > len(avail) or batch_size % n:
+    if n > len(avail) or tc.batch_size % n:
         raise ValueError(f"data parallelism over {n} devices needs {n} devices (this process has {len(avail)}: "
-                         f"{avail[0].platform}) and a batch size divisible by {n} (got {batch_size}); set "
+                         f"{avail[0].platform}) and a batch size divisible by {n} (got {tc.batch_size}); set "
                          f"TrainConfig.devices")
     return jax.sharding.Mesh(np.asarray(avail[:n]), ("data",))
 
 
 def make_step(loss_fn: Callable, opt: optax.GradientTransformation, compute_dtype,
-              mesh: jax.sharding.Mesh | None = None) -> Callable:
-    """The jitted, state-donating update; with ``mesh`` its state and metrics stay replicated on it."""
+              mesh: jax.sharding.Mesh) -> Callable:
+    """The jitted, state-donating update; its state and metrics stay replicated on ``mesh``."""
     cast_loss = _on_cast_params(loss_fn, compute_dtype)
 
     def step(state, frozen, batch):
@@ -100,8 +100,6 @@ def make_step(loss_fn: Callable, opt: optax.GradientTransformation, compute_dtyp
         new = {"step": state["step"] + 1, "params": optax.apply_updates(state["params"], updates),
                "opt_state": opt_state}
         return new, loss, metrics
-    if mesh is None:
-        return jax.jit(step, donate_argnums=0)
     return jax.jit(step, donate_argnums=0, out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
 
