@@ -212,6 +212,59 @@ def test_data_parallel_training_follows_the_one_device_trajectory(tmp_path):
     assert "divisible by 2" in r["refused"]
 
 
+def test_corpus_built_on_two_devices_is_the_one_device_corpus(tmp_path):
+    """Two (forced host) devices generate the Magpie rounds and the response pieces at once (training/pool.py):
+    both devices answer pieces, and the Magpie queries and the packed corpus equal a one-device build's
+    (greedy and sampled: each piece keeps its seed); a pool of more devices than there are is refused."""
+    script = textwrap.dedent("""
+        import os
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+        import json, sys
+        import jax, numpy as np
+        from training import corpus, tiny
+        from training.make_corpus import CorpusSpec, build_corpus
+        from training.pool import DevicePool
+        assert jax.device_count() == 2, jax.devices()
+        cfg, tp = tiny.target()
+        tok = tiny.tokenizer()
+        spec = CorpusSpec(n_chat=3, n_code=10, n_code_raw=3, temperatures=(0.0, 0.7), max_new_tokens=8,
+                          max_prompt_tokens=320, seq_len=352, gen_batch=2, magpie_max_new=16)
+        used, real = [], corpus.generate
+        def recording(params, cfg, prompts, **kw):
+            used.append(("magpie" if "top_p" in kw else "answer", str(jax.tree.leaves(params)[0].device)))
+            return real(params, cfg, prompts, **kw)
+        corpus.generate = recording
+        quiet = lambda msg: None
+        out = {}
+        for n in (1, 2):
+            used.clear()
+            ds, manifest = build_corpus(tp, cfg, tok, spec, f"{sys.argv[1]}/d{n}", None, log=quiet, devices=n)
+            queries = json.load(open(f"{sys.argv[1]}/d{n}/parts/magpie.json"))["texts"]
+            out[n] = {"tokens": ds.tokens_NT.tolist(), "weight": ds.weight_NT.tolist(), "queries": queries,
+                      "devices": manifest["meta"]["devices"], "pieces": manifest["meta"]["pieces"]["made"],
+                      "used": sorted(set(used))}
+        try:
+            DevicePool(tp, 3)
+            out["refused"] = ""
+        except ValueError as e:
+            out["refused"] = str(e)
+        print(json.dumps(out))
+    """)
+    path = tmp_path / "pool.py"
+    path.write_text(script)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    p = subprocess.run([sys.executable, str(path), str(tmp_path)], capture_output=True, text=True, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout.splitlines()[-1])
+    one, two = r["1"], r["2"]
+    assert one["devices"] == 1 and two["devices"] == 2 and one["pieces"] == two["pieces"] >= 5
+    assert one["used"] == [["answer", "cpu:0"], ["magpie", "cpu:0"]]
+    assert two["used"] == [[k, f"cpu:{d}"] for k in ("answer", "magpie") for d in (0, 1)]
+    assert len(one["queries"]) >= 1 and two["queries"] == one["queries"]  # (the tiny target ends few in time)
+    assert len(one["tokens"]) > 20 and two["tokens"] == one["tokens"] and two["weight"] == one["weight"]
+    assert "needs 1 to 2" in r["refused"]
+
+
 def test_data_shards_batches_and_draft_vocab(tmp_path, dataset):
     data.write_shards(tmp_path, dataset, shard_rows=10, meta={"note": "x"})
     back, manifest = data.load_shards(tmp_path)
@@ -263,6 +316,29 @@ def test_eval_overlap_is_filtered_and_asserted():
     decontam.assert_no_overlap([texts[1]], index)
     with pytest.raises(AssertionError, match="MT-bench/HumanEval"):
         decontam.assert_no_overlap(texts, index)
+
+
+def test_overlap_lookup_by_first_words_equals_the_definition():
+    """``OverlapIndex.overlaps`` (windows looked up by their first two words) answers as the plain definition
+    does, on texts with and without planted eval n-grams, with eval texts of 1, 2, 5 and >= n words."""
+    import random
+    rng = random.Random(0)
+    vocab = [f"w{i}" for i in range(40)]  # a small vocabulary: many windows start like a gram
+    evals = ["w1", "w2 w3", "w4 w5 w6 w7 w8"] + [" ".join(rng.choices(vocab, k=30)) for _ in range(20)]
+    index = decontam.OverlapIndex(evals, n=6)
+    assert set(index.grams) == {1, 2, 5, 6}
+    texts = []
+    for i in range(600):
+        w = rng.choices(vocab[5:], k=rng.randrange(0, 40))
+        if i % 3 == 0:  # plant a gram of one of the eval texts
+            e = decontam.words(rng.choice(evals))
+            k = min(6, len(e))
+            a = rng.randrange(len(e) - k + 1)
+            j = rng.randrange(len(w) + 1)
+            w[j:j] = e[a:a + k - (i % 2)]  # every other plant one word short: no overlap unless by chance
+        texts.append(" ".join(w).upper() if i % 5 == 0 else " ".join(w))
+    got, want = [index.overlaps(t) for t in texts], [index.overlaps_naive(t) for t in texts]
+    assert got == want and 50 < sum(want) < 550
 
 
 def test_corpus_prompts_come_from_the_template_and_the_stdlib():

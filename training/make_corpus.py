@@ -12,6 +12,7 @@ from specjax.config import ModelConfig
 from specjax.files import atomic_write_text
 from specjax.tokenizer import Tokenizer
 from training import corpus, data, decontam, instructions, parts
+from training.pool import DevicePool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,8 +41,11 @@ class CorpusSpec:
 
 
 def build_corpus(tp: dict, cfg: ModelConfig, tok: Tokenizer, spec: CorpusSpec, folder: str | Path,
-                 eval_texts: list[str] | None, log=print) -> tuple[data.TokenDataset, dict]:
+                 eval_texts: list[str] | None, log=print, devices: int | None = None) -> tuple[data.TokenDataset, dict]:
     """Generate the corpus into ``folder`` unless a complete one with the same spec is already there.
+
+    ``devices``: how many local devices generate at once (default: all; ``training/pool.py``). The pieces'
+    seeds do not depend on it, so neither does the corpus.
 
     ``eval_texts`` (MT-bench + HumanEval, see ``decontam.eval_texts``) are kept out: overlapping
     prompts and examples are dropped and the result is asserted clean. ``None`` skips the check
@@ -54,10 +58,11 @@ def build_corpus(tp: dict, cfg: ModelConfig, tok: Tokenizer, spec: CorpusSpec, f
             log(f"corpus: reusing {folder} ({len(ds)} examples)")
             return ds, manifest
     t0 = time.perf_counter()
+    pool = DevicePool(tp, devices)
     store = parts.PartStore(folder / "parts", spec.to_json(), log=log)  # finished pieces of an earlier, cut-off run
     chat = store.texts("magpie", corpus.magpie_prompts, tp, cfg, tok, spec.n_chat, max_new_tokens=spec.magpie_max_new,
                        batch_size=spec.gen_batch, seed=spec.seed,
-                       openers=corpus.OPENERS if spec.magpie_openers else ())
+                       openers=corpus.OPENERS if spec.magpie_openers else (), pool=pool)
     code = corpus.code_prompts(spec.n_code, seed=spec.seed, packages=spec.code_packages)
     templated = instructions.instructions(spec.n_templated, seed=spec.seed)
     raw = corpus.code_completions(spec.n_code_raw, seed=spec.seed, packages=spec.code_packages)
@@ -68,16 +73,21 @@ def build_corpus(tp: dict, cfg: ModelConfig, tok: Tokenizer, spec: CorpusSpec, f
     for name, texts in (("chat", chat + templated + code), ("raw", raw)):
         kept, dropped = decontam.filter_overlap(texts, index)
         prompts[name], dropped_prompts = [texts[i] for i in kept], dropped_prompts + dropped
-    examples, step = [], spec.gen_batch * parts.PART_BATCHES
+    jobs, step = [], spec.gen_batch * parts.PART_BATCHES  # (piece name, respond_ids arguments)
     for i, temperature in enumerate(spec.temperatures):
         for name, ps in prompts.items():
             ids = corpus.prompt_ids(tok, ps, max_prompt_tokens=spec.max_prompt_tokens, chat=name == "chat")
             seed = spec.seed + 1000 * (i + 1) + (name == "raw") * 500
-            for j, a in enumerate(range(0, len(ids), step)):
-                examples += store.pairs(f"t{i}_{name}_{j:04d}", corpus.respond_ids, tp, cfg, tok, ids[a:a + step],
-                                        temperature=temperature, max_new_tokens=spec.max_new_tokens,
-                                        batch_size=spec.gen_batch, seed=seed, first_batch=j * parts.PART_BATCHES,
-                                        pad_to=spec.max_prompt_tokens if spec.fixed_width else 0)
+            jobs += [(f"t{i}_{name}_{j:04d}", dict(ids=ids[a:a + step], temperature=temperature, seed=seed,
+                                                   first_batch=j * parts.PART_BATCHES))
+                     for j, a in enumerate(range(0, len(ids), step))]
+    pad_to = spec.max_prompt_tokens if spec.fixed_width else 0
+    pieces = pool.map(lambda params, job: store.pairs(
+        job[0], corpus.respond_ids, params, cfg, tok, max_new_tokens=spec.max_new_tokens, batch_size=spec.gen_batch,
+        pad_to=pad_to, **job[1]), jobs)
+    n_devices = len(pool)
+    del pool  # its copies of the target's params
+    examples = [pair for piece in pieces for pair in piece]
     texts = [tok.decode(p + r) for p, r in examples]
     kept, dropped_examples = decontam.filter_overlap(texts, index)
     examples = [examples[i] for i in kept]
@@ -91,7 +101,9 @@ def build_corpus(tp: dict, cfg: ModelConfig, tok: Tokenizer, spec: CorpusSpec, f
                              "num_eval_texts": len(eval_texts or []), "dropped_prompts": len(dropped_prompts),
                              "dropped_examples": len(dropped_examples)},
             "seconds": round(time.perf_counter() - t0, 1),  # this invocation's
-            "generate_seconds": round(store.generate_seconds, 1),  # every piece's, across resumed invocations
+            "generate_seconds": round(store.generate_seconds, 1),  # summed over pieces (so over devices too),
+            #                                                         across resumed invocations
+            "devices": n_devices,
             "pieces": {"made": store.made, "reused": store.reused}}
     folder.mkdir(parents=True, exist_ok=True)
     rows = [{"kind": kind, "prompt": p} for kind, ps in (("chat", chat), ("templated", templated), ("code", code),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -43,6 +44,7 @@ class PartStore:
         atomic_write_text(tag, json.dumps(spec_json))
         self.reused = self.made = 0
         self.generate_seconds = 0.0  # summed over the pieces, whichever invocation made them
+        self._lock = threading.Lock()  # pieces may be made by several threads at once (training/pool.py)
 
     def texts(self, name: str, make: Callable[..., list[str]], *args, **kwargs) -> list[str]:
         """``make(*args, **kwargs)``, or the list an earlier call stored under ``name``."""
@@ -85,9 +87,10 @@ class PartStore:
         return pairs
 
     def _count(self, *, reused: bool, seconds: float, name: str = "", n: int = 0) -> None:
-        self.generate_seconds += seconds
-        if reused:
-            self.reused += 1
-        else:
-            self.made += 1
-            self.log(f"corpus: piece {name} ({n} rows) in {seconds:.0f}s")
+        with self._lock:
+            self.generate_seconds += seconds
+            if reused:
+                self.reused += 1
+            else:
+                self.made += 1
+                self.log(f"corpus: piece {name} ({n} rows) in {seconds:.0f}s")

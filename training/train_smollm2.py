@@ -130,8 +130,8 @@ def run(preset: Preset, out: Path, *, ship: bool, model_path: str | None = None,
     out.mkdir(parents=True, exist_ok=True)
     if jax.default_backend() != "cpu":  # a rerun after a timeout (same warm machine) skips recompiling
         jax.config.update("jax_compilation_cache_dir", str(out / "jax_cache"))
-    dev = jax.devices()[0]
-    hardware = f"{dev.device_kind} ({dev.platform})"
+    dev, n_dev = jax.devices()[0], len(jax.devices())
+    hardware = f"{n_dev} x " * (n_dev > 1) + f"{dev.device_kind} ({dev.platform})"  # corpus and training use all
     log(f"device: {hardware}; preset target={preset.target} dtype={preset.dtype}")
     cfg, tp, tok, target_name = load_target(preset, model_path)
     ds, manifest = build_corpus(tp, cfg, tok, preset.corpus, out / "corpus", eval_texts_or_none(preset), log=log)
