@@ -36,14 +36,14 @@ case "$1" in
     stage_part $2 ;;
   train1)
     install_whl; stage_gguf
-    timeout "${2:-585}" python3 -m training.train_smollm2 --preset ${PRESET:-h100} --out /root/train --only $ONLY --time-budget ${BUDGET:-540} \
+    timeout "${2:-585}" python3 -m training.train_smollm2 --preset ${PRESET:-h100} --out /root/train --only $ONLY --time-budget ${BUDGET:-540} ${STEPS:+--steps $STEPS} \
       ${BUNDLE:+--bundle $OUT} 2>&1 | tr '\r' '\n' | grep -v "it/s]$" | tee $OUT/train1.log | tail -40 \
       || echo "train1: exit status $? (124: the time limit)"  # the corpus pieces still go back
     corpus_out ;;
   train2)
     install_whl
     timeout "${2:-585}" python3 -m training.train_smollm2 --preset ${PRESET:-h100} --out /root/train --time-budget ${BUDGET:-540} \
-      --only $ONLY --bundle $OUT 2>&1 | tr '\r' '\n' | grep -v "it/s]$" | tee $OUT/train2.log | tail -40 \
+      --only $ONLY ${STEPS:+--steps $STEPS} --bundle $OUT 2>&1 | tr '\r' '\n' | grep -v "it/s]$" | tee $OUT/train2.log | tail -40 \
       || echo "train2: exit status $? (124: the time limit)"  # the corpus pieces still go back
     corpus_out ;;
   bench)

@@ -191,8 +191,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="override the preset's dtype")
     p.add_argument("--time-budget", type=float, default=None,
                    help="seconds for this invocation: stages stop early with a checkpoint (a rerun resumes)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="override the preset's step count of every stage (the schedule's cosine follows it)")
     args = p.parse_args(argv)
     preset = PRESETS[args.preset]
+    if args.steps is not None:
+        if args.steps < 1:
+            p.error(f"--steps takes a positive step count; got {args.steps}")
+        preset = dataclasses.replace(preset, **{k: dataclasses.replace(getattr(preset, k), steps=args.steps)
+                                                for k in ("eagle3", "medusa", "draft")})
     if args.dtype:
         preset = dataclasses.replace(preset, dtype=args.dtype, **{k: dataclasses.replace(
             getattr(preset, k), compute_dtype=args.dtype) for k in ("eagle3", "medusa", "draft")})
