@@ -21,6 +21,8 @@ export SPECJAX_HOME=/root/sj JAX_COMPILATION_CACHE_DIR=/root/jaxcache PYTHONPATH
 OUT=${OUT:-/tmp/out}
 source benchmarks/device_lib.sh  # install_whl, stage_part, join_gguf
 stage_gguf() {
+  ls .carry/b/mtbench_questions.jsonl .carry/b/humaneval.jsonl > /dev/null \
+    || { echo "carry .carry/b with the eval sets (locally: cp ~/.cache/specjax/data/*.jsonl .carry/b/)"; exit 1; }
   join_gguf $SPECJAX_HOME/models/smollm2-135m-instruct.gguf || exit 1
   mkdir -p $SPECJAX_HOME/data && cp .carry/b/*.jsonl $SPECJAX_HOME/data/ 2>/dev/null || true
   if [ -d .carry/corpus ] && [ ! -d /root/train/corpus/parts ]; then  # pieces of a corpus begun on another machine

@@ -42,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--warmup", type=int, default=50)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--devices", type=int, default=None,
-                   help="data-parallel devices (default: all local ones; --batch-size must divide by it)")
+                   help="devices for the corpus and data-parallel training (default: all local ones; "
+                        "--batch-size must divide by it)")
     g.add_argument("--ttt-steps", type=int, default=7, help="eagle3: unrolled training-time-test steps")
     g.add_argument("--draft-vocab", type=int, default=8192, help="eagle3: draft vocabulary size")
     g.add_argument("--num-heads", type=int, default=4, help="medusa: heads")
@@ -59,7 +60,8 @@ def train_main(args: argparse.Namespace) -> int:
     cfg, tp = lm.cfg, lm.params
     spec = CorpusSpec(n_chat=args.n_chat, n_code=args.n_code, max_new_tokens=args.max_new_tokens, seq_len=args.seq_len,
                       max_prompt_tokens=min(256, args.seq_len // 2), seed=args.seed, fixed_width=args.fixed_width)
-    ds, _ = build_corpus(tp, cfg, lm.tokenizer, spec, out / "corpus", decontam.eval_texts())
+    ds, _ = build_corpus(tp, cfg, lm.tokenizer, spec, out / "corpus", decontam.eval_texts(),
+                         devices=args.devices)
     tc = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup,
                      compute_dtype=args.dtype, seed=args.seed, ckpt_dir=str(out / "ckpt" / args.kind),
                      ckpt_every=max(1, args.steps // 4), log_every=10, devices=args.devices)
