@@ -120,10 +120,16 @@ class Tokenizer:
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        ids = [int(i) for i in ids]
-        if bad := [i for i in ids if not 0 <= i < self.vocab_size]:
-            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
-        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+        return self.decode_batch([ids], skip_special_tokens)[0]
+
+    def decode_batch(self, seqs, skip_special_tokens: bool = True) -> list[str]:
+        """``decode`` of each id sequence, in one call into the backend (which decodes them in parallel)."""
+        seqs, vocab = [[int(i) for i in ids] for ids in seqs], self.vocab_size
+        for ids in seqs:
+            if ids and not (0 <= min(ids) and max(ids) < vocab):
+                bad = [i for i in ids if not 0 <= i < vocab]
+                raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        return self.backend.decode_batch(seqs, skip_special_tokens=skip_special_tokens)
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
         """The chat template rendered to text (what `apply_chat_template` tokenizes)."""

@@ -56,6 +56,16 @@ def test_gguf_errors(smol):
         smol.apply_chat_template([])
     with pytest.raises(ValueError, match="outside the vocabulary"):
         smol.decode([smol.vocab_size])
+    with pytest.raises(ValueError, match=r"token ids \[-1\] are outside"):
+        smol.decode_batch([[1, 2], [3, -1]])
+
+
+@pytest.mark.assets
+def test_decode_batch_matches_the_golden_decodes(smol):
+    cases = GOLDEN["texts"]
+    assert smol.decode_batch([c["ids"] for c in cases]) == [c["decoded_skip_special"] for c in cases]
+    assert smol.decode_batch([c["ids"] for c in cases], skip_special_tokens=False) == [c["decoded"] for c in cases]
+    assert smol.decode_batch([]) == [] and smol.decode_batch([[]]) == [""]
     with pytest.raises(TypeError, match="expects a str"):
         smol.encode(["not", "a", "str"])
 

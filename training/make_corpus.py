@@ -88,7 +88,7 @@ def build_corpus(tp: dict, cfg: ModelConfig, tok: Tokenizer, spec: CorpusSpec, f
     n_devices = len(pool)
     del pool  # its copies of the target's params
     examples = [pair for piece in pieces for pair in piece]
-    texts = [tok.decode(p + r) for p, r in examples]
+    texts = tok.decode_batch([p + r for p, r in examples])
     kept, dropped_examples = decontam.filter_overlap(texts, index)
     examples = [examples[i] for i in kept]
     decontam.assert_no_overlap([texts[i] for i in kept], index)
