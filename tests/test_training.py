@@ -248,6 +248,17 @@ def test_corpus_built_on_two_devices_is_the_one_device_corpus(tmp_path):
             out["refused"] = ""
         except ValueError as e:
             out["refused"] = str(e)
+        pool = DevicePool({"x": np.zeros(2)}, 2)
+        out["order"] = pool.map(lambda p, i: (i, str(p["x"].device)), range(6))
+        def bad(p, i):
+            if i == 2:
+                raise KeyError("job 2 failed")
+            return i
+        try:
+            pool.map(bad, range(6))
+            out["raised"] = ""
+        except KeyError as e:
+            out["raised"] = str(e)
         print(json.dumps(out))
     """)
     path = tmp_path / "pool.py"
@@ -263,6 +274,8 @@ def test_corpus_built_on_two_devices_is_the_one_device_corpus(tmp_path):
     assert len(one["queries"]) >= 1 and two["queries"] == one["queries"]  # (the tiny target ends few in time)
     assert len(one["tokens"]) > 20 and two["tokens"] == one["tokens"] and two["weight"] == one["weight"]
     assert "needs 1 to 2" in r["refused"]
+    assert [i for i, _ in r["order"]] == list(range(6)) and {d for _, d in r["order"]} <= {"cpu:0", "cpu:1"}
+    assert "job 2 failed" in r["raised"]  # a job's error reaches the caller
 
 
 def test_data_shards_batches_and_draft_vocab(tmp_path, dataset):

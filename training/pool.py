@@ -29,7 +29,6 @@ class DevicePool:
             devices = avail[:n]
         self.devices = list(devices)
         self.params = [jax.device_put(params, d) for d in self.devices]
-        self.lock = threading.Lock()  # for callers' shared bookkeeping (counters, logs) inside ``fn``
 
     def __len__(self) -> int:
         return len(self.devices)
@@ -41,16 +40,20 @@ class DevicePool:
                 return [fn(self.params[0], item) for item in items]
         todo = iter(enumerate(items))
         results: dict[int, object] = {}
-        take = threading.Lock()
+        take, failed = threading.Lock(), threading.Event()
 
         def worker(d: int) -> None:
             with jax.default_device(self.devices[d]):
-                while True:
+                while not failed.is_set():  # after a job's error the other devices start no new item
                     with take:
                         nxt = next(todo, None)
                     if nxt is None:
                         return
-                    results[nxt[0]] = fn(self.params[d], nxt[1])
+                    try:
+                        results[nxt[0]] = fn(self.params[d], nxt[1])
+                    except BaseException:
+                        failed.set()
+                        raise
 
         with concurrent.futures.ThreadPoolExecutor(len(self.devices)) as ex:
             for f in [ex.submit(worker, d) for d in range(len(self.devices))]:
