@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from training.checkpoint import Checkpointer
 from training.data import TokenDataset
+from training.pool import first_devices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,13 +80,11 @@ def _on_cast_params(loss_fn: Callable, compute_dtype) -> Callable:
 
 def data_mesh(tc: TrainConfig) -> jax.sharding.Mesh:
     """A 1-D ``("data",)`` mesh over ``tc.devices`` devices (default: all) that a batch's rows split over."""
-    avail = jax.devices()
-    n = len(avail) if tc.devices is None else tc.devices
-    if n > len(avail) or tc.batch_size % n:
-        raise ValueError(f"data parallelism over {n} devices needs {n} devices (this process has {len(avail)}: "
-                         f"{avail[0].platform}) and a batch size divisible by {n} (got {tc.batch_size}); set "
-                         f"TrainConfig.devices")
-    return jax.sharding.Mesh(np.asarray(avail[:n]), ("data",))
+    devices = first_devices(tc.devices, "data parallelism (TrainConfig.devices)")
+    if tc.batch_size % len(devices):
+        raise ValueError(f"data parallelism over {len(devices)} devices needs a batch size divisible by "
+                         f"{len(devices)} (got {tc.batch_size}); set TrainConfig.devices")
+    return jax.sharding.Mesh(np.asarray(devices), ("data",))
 
 
 def make_step(loss_fn: Callable, opt: optax.GradientTransformation, compute_dtype,

@@ -17,17 +17,20 @@ from typing import Callable, Sequence
 import jax
 
 
+def first_devices(n: int | None, what: str) -> list[jax.Device]:
+    """The first ``n`` local devices (None: all) that ``what`` runs on, or a ValueError saying how many exist."""
+    avail = jax.local_devices()
+    n = len(avail) if n is None else n
+    if not 1 <= n <= len(avail):
+        raise ValueError(f"{what} over {n} devices needs 1 to {len(avail)} (this process has {len(avail)} "
+                         f"{avail[0].platform} devices)")
+    return avail[:n]
+
+
 class DevicePool:
-    def __init__(self, params, devices: int | Sequence[jax.Device] | None = None):
-        """``devices``: a count (the first n local devices), the devices themselves, or None for all."""
-        avail = jax.local_devices()
-        if devices is None or isinstance(devices, int):
-            n = len(avail) if devices is None else devices
-            if not 1 <= n <= len(avail):
-                raise ValueError(f"a device pool of {n} devices needs 1 to {len(avail)} (this process has "
-                                 f"{len(avail)} {avail[0].platform} devices)")
-            devices = avail[:n]
-        self.devices = list(devices)
+    def __init__(self, params, devices: int | None = None):
+        """``devices``: how many local devices (the first n; None: all)."""
+        self.devices = first_devices(devices, "a device pool")
         self.params = [jax.device_put(params, d) for d in self.devices]
 
     def __len__(self) -> int:
