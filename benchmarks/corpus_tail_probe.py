@@ -1,6 +1,6 @@
 """The corpus build's CPU tail (``training/make_corpus.py`` after generation), on this host's CPU: decoding every
 example one text at a time (as ``Tokenizer.decode`` did before session 19, with a ``vocab_size`` lookup per id,
-and as it does now) vs ``Tokenizer.decode_batch``, and the MT-bench/HumanEval overlap filter. Median of 3 runs.
+and as it does now) vs ``Tokenizer.decode_batch``, and the MT-bench/HumanEval overlap filter (the index's first-words lookup and the plain definition). Median of 3 runs.
 
     python benchmarks/corpus_tail_probe.py [--texts 12000]     # needs `specjax fetch` (SmolLM2's tokenizer)
 
@@ -55,10 +55,12 @@ def main(argv: list[str] | None = None) -> None:
     assert batch == one == former, "the three decodes differ"
     index = decontam.OverlapIndex(decontam.eval_texts())
     _, t_filter = timed(lambda: decontam.filter_overlap(batch, index))
+    _, t_naive = timed(lambda: [t for t in batch if index.overlaps_naive(t)])
     rows = [{"step": "former decode (vocab_size per id), one text at a time", "seconds": t_former},
             {"step": "decode, one text at a time", "seconds": t_one},
             {"step": "Tokenizer.decode_batch", "seconds": t_batch},
-            {"step": "decontam.filter_overlap", "seconds": t_filter}]
+            {"step": "decontam.filter_overlap", "seconds": t_filter},
+            {"step": "the same with OverlapIndex.overlaps_naive (every gram length at every word)", "seconds": t_naive}]
     h = {**header(), "device": "cpu", "texts": len(seqs), "tokens": sum(map(len, seqs))}
     md = (f"# Corpus CPU tail, {h['texts']} texts / {h['tokens']} tokens, {h['device_kind']}, jax {h['jax']}, "
           f"{h['date']}\n\n`{h['command']}`\n\n" + md_table(rows, ["step", "seconds"]))
