@@ -104,8 +104,9 @@ class TuningConfig:
     def __post_init__(self):
         if self.block_q != 64:
             raise ValueError(f"block_q must be 64 (one wgmma M tile per warpgroup), got {self.block_q}")
-        if self.block_kv % 64 or not 64 <= self.block_kv <= 256:
-            raise ValueError(f"block_kv must be 64, 128, 192 or 256, got {self.block_kv}")
+        if self.block_kv % 16 or not 64 <= self.block_kv <= 256:
+            raise ValueError(f"block_kv must be a multiple of 16 from 64 to 256 (PV's wgmma K is a "
+                             f"multiple of V's swizzle width, at least 16 keys), got {self.block_kv}")
         if self.num_stages < 2:
             raise ValueError(f"num_stages must be >= 2 (double buffering), got {self.num_stages}")
         if not isinstance(self.persistent, bool):
@@ -629,8 +630,17 @@ def _balanced_order(kmax_BN, cfg: TuningConfig, n_kv_blocks: int, n_heads: int, 
     return by_work[jnp.where(snake, rnd * n_ctas + n_ctas - 1 - c, w)].astype(jnp.int32)
 
 
-def _smem_tiled(shape, dtype):
-    swizzle = plgpu.find_swizzle(shape[-1] * jnp.dtype(dtype).itemsize * 8)
+def v_swizzle(block_kv: int, itemsize: int = 2) -> int:
+    """V's SMEM swizzle in bytes: the largest of 128, 64 and 32 whose width in elements divides
+    block_kv. Mosaic GPU issues PV's wgmma in K groups as wide as the swizzle (K = block_kv keys), so
+    128-byte swizzle, the widest, needs 64 | block_kv; 64-byte takes 96 or 160, 32-byte 80 or 176
+    (FA3's tiles at hd 256 and 128). Q and K keep the widest swizzle their head dim allows."""
+    return next(s for s in (128, 64, 32) if block_kv % (s // itemsize) == 0)
+
+
+def _smem_tiled(shape, dtype, swizzle: int | None = None):
+    """SMEM with the widest swizzle the minor dim allows (or ``swizzle`` bytes) and its 8-row tiling."""
+    swizzle = swizzle or plgpu.find_swizzle(shape[-1] * jnp.dtype(dtype).itemsize * 8)
     tiling = plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize))
     return plgpu.SMEM(shape, dtype, transforms=(tiling, plgpu.SwizzleTransform(swizzle)))
 
@@ -653,13 +663,15 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
         body = functools.partial(_kernel, **common)
         grid, grid_names = (H, B, n_tiles), ("heads", "batch", "q_tiles")
 
+    pv_swizzle = v_swizzle(cfg.block_kv, jnp.dtype(dtype).itemsize)  # PV's A and B share it
+
     def entry(*refs):
         scratch = (
             _smem_tiled((2, cfg.block_q, d), dtype),
             _smem_tiled((stages, cfg.block_kv, d), dtype),
-            _smem_tiled((stages, cfg.block_kv, d), dtype),
+            _smem_tiled((stages, cfg.block_kv, d), dtype, pv_swizzle),
             plgpu.SMEM((2, cfg.block_q), jnp.float32),
-            _smem_tiled((2, cfg.block_q, cfg.block_kv), dtype) if cfg.interpretable else None,
+            _smem_tiled((2, cfg.block_q, cfg.block_kv), dtype, pv_swizzle) if cfg.interpretable else None,
         )
         barriers = (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
                     plgpu.Barrier(num_barriers=2))
