@@ -39,7 +39,8 @@ SEQS = (512, 1024, 2048, 4096, 8192, 16384)
 
 def candidates(hd: int, sms: int, schedules_only: bool = False, overlap: bool = False) -> list[TuningConfig]:
     """Every block_kv in {64, 128, 192, 256} x num_stages in {2, 3, 4} x {grid, persistent} whose
-    SMEM fits (block_kv must be a multiple of 64: PV's wgmma K dimension); ``schedules_only``:
+    SMEM fits (multiples of 64 keep V's 128-byte swizzle; the narrower-swizzle blocks in between
+    measured slower on every row probed, pallas_kernels/NOTES.md v8); ``schedules_only``:
     default_config(hd)'s blocks with the grid, the persistent and the balanced persistent schedule;
     ``overlap``: intra-warpgroup overlap with every block_kv up to ``max_overlap_block_kv(hd)`` and
     the three schedules (``main`` adds each row's tuned default; ``o_tile_candidates`` for --o-tiles)."""
