@@ -7,12 +7,10 @@ largest difference from cuDNN's.
     PYTHONPATH=. python3 benchmarks/fa3_configs_probe.py ROWS CONFIGS [--iters 20] [--new-only]
 
 ROWS: ``hd:S:c|n`` (causal or not) separated by commas, e.g. ``128:8192:n,256:4096:c``; CONFIGS:
-``tune_fa3.label`` strings separated by commas, e.g. ``128/2/G+O,192/2/G,64/2/P+O/o0,64/2/P/od``; ``default``
-is each row's ``default_config``, ``default/od`` the same with O stored from registers (``o_direct``; persistent
-picks only). Configs that do not fit a row's head dim are skipped.
+``tune_fa3.label`` strings separated by commas, e.g. ``128/2/G+O,192/2/G,64/2/P+O/o0``; ``default``
+is each row's ``default_config``. Configs that do not fit a row's head dim are skipped.
 """
 import argparse
-import dataclasses
 import importlib.util
 import os
 import statistics
@@ -65,12 +63,7 @@ def main(argv=None):
         for mname, m in mods:
             for lab in a.configs.split(","):
                 try:
-                    if lab in ("default", "default/od"):
-                        cfg = m.default_config(hd, S, causal)
-                        if lab == "default/od":
-                            cfg = dataclasses.replace(cfg, o_direct=True, o_tiles=None)
-                    else:
-                        cfg = parse_label(lab, sms, m.TuningConfig)
+                    cfg = m.default_config(hd, S, causal) if lab == "default" else parse_label(lab, sms, m.TuningConfig)
                     cfg.check_head_dim(hd)
                 except (ValueError, TypeError) as e:
                     print(f"  skip {mname} {lab} at hd{hd}: {str(e)[:120]}")

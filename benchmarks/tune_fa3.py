@@ -73,19 +73,19 @@ def o_tile_candidates(pick: TuningConfig, hd: int) -> list[TuningConfig]:
 
 def parse_label(text: str, sms: int, config_type=TuningConfig) -> TuningConfig:
     """The inverse of ``label``: ``"128/2/P+O/o0"`` -> TuningConfig(block_kv=128, num_stages=2,
-    persistent=True, overlap=True, o_tiles=0, num_ctas=sms); ``/od``: ``o_direct=True``."""
+    persistent=True, overlap=True, o_tiles=0, num_ctas=sms)."""
     bkv, stages, sched, *rest = text.split("/")
     sched, _, ov = sched.partition("+")
-    extra = {} if not rest else {"o_direct": True} if rest[0] == "od" else {"o_tiles": int(rest[0].removeprefix("o"))}
+    extra = {} if not rest else {"o_tiles": int(rest[0].removeprefix("o"))}
     if sched not in ("G", "P", "B") or ov not in ("", "O"):
-        raise ValueError(f"not a config label (block_kv/num_stages/G|P|B[+O][/oN|/od]): {text!r}")
+        raise ValueError(f"not a config label (block_kv/num_stages/G|P|B[+O][/oN]): {text!r}")
     return config_type(block_kv=int(bkv), num_stages=int(stages), persistent=sched != "G",
                        balanced=sched == "B", overlap=ov == "O", num_ctas=sms, **extra)
 
 
 def label(cfg: TuningConfig) -> str:
     sched = 'B' if cfg.balanced else 'P' if cfg.persistent else 'G'
-    o_tiles = "/od" if getattr(cfg, "o_direct", False) else "" if cfg.o_tiles is None else f"/o{cfg.o_tiles}"
+    o_tiles = "" if cfg.o_tiles is None else f"/o{cfg.o_tiles}"
     return f"{cfg.block_kv}/{cfg.num_stages}/{sched}{'+O' if cfg.overlap else ''}{o_tiles}"
 
 

@@ -100,7 +100,6 @@ class TuningConfig:
     overlap: bool = False    # intra-warpgroup overlap: QK^T of block j in flight with PV of j - 1
     balanced: bool = False   # persistent only: items dealt longest-first in snake order (LPT)
     o_tiles: int | None = None  # persistent only: O staging tiles, 0 or 2 (None: 2 where they fit)
-    o_direct: bool = False   # persistent only: O stored from registers to GMEM, no SMEM staging
 
     def __post_init__(self):
         if self.block_q != 64:
@@ -122,10 +121,6 @@ class TuningConfig:
             raise ValueError(f"o_tiles must be None, 0 or 2 and needs persistent=True (O staging tiles "
                              f"of the persistent kernel), got o_tiles={self.o_tiles!r}, "
                              f"persistent={self.persistent!r}")
-        if not isinstance(self.o_direct, bool) or (self.o_direct and (not self.persistent or self.o_tiles)):
-            raise ValueError(f"o_direct must be True or False and needs persistent=True with no O staging "
-                             f"tiles (it stores O from registers), got o_direct={self.o_direct!r}, "
-                             f"persistent={self.persistent!r}, o_tiles={self.o_tiles!r}")
         if isinstance(self.num_ctas, bool) or not isinstance(self.num_ctas, int) or self.num_ctas < 1:
             raise ValueError(f"num_ctas must be a positive int (CTAs of the persistent grid, at most "
                              f"one per SM is useful), got {self.num_ctas!r}")
@@ -166,9 +161,8 @@ class TuningConfig:
         """Persistent kernel only: SMEM tiles that stage O for its TMA store, so that a consumer's Q
         tile can be refilled for the next item right after its last QK^T. ``o_tiles`` if set, else
         2 (one per consumer) where they fit 227 KiB (hd 64, 128), else 0 (O is written through the
-        consumer's Q tile, and the next item's Q loads after that store). The grid kernel and
-        ``o_direct`` (O stored from registers): 0."""
-        if not self.persistent or self.o_direct:
+        consumer's Q tile, and the next item's Q loads after that store). The grid kernel: 0."""
+        if not self.persistent:
             return 0
         if self.o_tiles is not None:
             return self.o_tiles
@@ -448,22 +442,16 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
 
 def _store_tile(acc, m_i, l_i, kend_row, o_smem, lse_smem, o_gmem, lse_gmem):
     """Normalizes the tile into SMEM and starts its O and LSE TMA stores; rows that saw no key
-    get 0 and ``lse = -inf``. ``o_smem`` None (``TuningConfig.o_direct``): O is stored from
-    registers straight into ``o_gmem``, which must lie inside the output (no TMA bounds check)."""
+    get 0 and ``lse = -inf``."""
     seen = kend_row > 0
     inv_l = jnp.where(seen, 1.0 / jnp.where(seen, l_i, 1.0), 0.0)
     inv_l = lax.broadcast_in_dim(inv_l, acc.shape, [0])
     # A select, not just the 0 factor: a row that saw only masked scores has p = exp2(the rounding
     # error of the s * c - m FMA), which is inf for some scales (hd 64, 256), so its acc is inf/NaN.
-    o = jnp.where(inv_l > 0, acc * inv_l, 0.0).astype(o_gmem.dtype)
-    if o_smem is None:
-        o_gmem[...] = o
-    else:
-        o_smem[...] = o
+    o_smem[...] = jnp.where(inv_l > 0, acc * inv_l, 0.0).astype(o_smem.dtype)
     lse_smem[...] = jnp.where(seen, m_i * _LN2 + jnp.log(jnp.where(seen, l_i, 1.0)), -jnp.inf)
     plgpu.commit_smem()
-    if o_smem is not None:
-        plgpu.copy_smem_to_gmem(o_smem, o_gmem)
+    plgpu.copy_smem_to_gmem(o_smem, o_gmem)
     plgpu.copy_smem_to_gmem(lse_smem, lse_gmem)
 
 
@@ -559,10 +547,9 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
     def _consumer():
         plgpu.set_max_registers(232, action="increase")
         q_smem, lse_smem = q_smem2.at[wg], lse_smem2.at[wg]
-        o_smem = o_smem2.at[wg] if o_tiles else None if cfg.o_direct else q_smem
+        o_smem = o_smem2.at[wg] if o_tiles else q_smem
         p_smem = None if p_smem2 is None else p_smem2.at[wg]
         release_q = lambda: plgpu.barrier_arrive(q_free.at[wg])
-        q_early = bool(o_tiles) or cfg.o_direct  # Q's SMEM is free once the last QK^T has read it
 
         def run_item(j, step0):
             qi, bi, hi, n_open, n_steps = item(j)
@@ -572,13 +559,13 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
             plgpu.barrier_wait(q_ready.at[wg])
             acc, m_i, l_i = _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule,
                                     wg=wg, cfg=cfg, scale_log2=scale_log2, step0=step0,
-                                    on_last_qk=release_q if q_early else None)
-            if q_early:
+                                    on_last_qk=release_q if o_tiles else None)
+            if o_tiles:
                 pl.when(n_steps == 0)(release_q)   # no QK^T ran: q_smem was not read
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last item's stores left o/lse_smem
             _store_tile(acc, m_i, l_i, kend_row, o_smem, lse_smem,
                         o_ref.at[bi, pl.ds(q_base, bq), hi], lse_ref.at[bi, hi, pl.ds(q_base, bq)])
-            if not q_early:
+            if not o_tiles:
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # O (in q_smem) read out
                 release_q()
             return step0 + n_steps
@@ -590,9 +577,8 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
     def _producer():
         plgpu.set_max_registers(40, action="decrease")
         # q_free completes when the item's Q SMEM may be refilled: at its last QK^T with O tiles of
-        # its own or O stored from registers (then Q goes first), after its O store otherwise (then
-        # the first K/V blocks go first).
-        lead = 0 if o_tiles or cfg.o_direct else stages
+        # its own (then Q goes first), after its O store otherwise (then the first K/V blocks go first).
+        lead = 0 if o_tiles else stages
 
         def load_kv(step, ki, bi, gi):  # ``step`` counts K/V blocks over all of this CTA's items
             slot, kv = lax.rem(step, stages), (bi, pl.ds(ki * bkv, bkv), gi)
@@ -697,11 +683,9 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
         pl.run_scoped(lambda *s: body(*refs, s), scratch, barriers, free, *q_free,
                       plgpu.Barrier(num_arrivals=2), collective_axes="wg")
 
-    # O stored from registers has no TMA bounds check: the output then has whole tiles of rows.
-    t_out = n_tiles * 2 * cfg.block_q if cfg.o_direct else T
     return plgpu.kernel(
         entry,
-        out_type=(jax.ShapeDtypeStruct((B, t_out, H, d), dtype),
+        out_type=(jax.ShapeDtypeStruct((B, T, H, d), dtype),
                   jax.ShapeDtypeStruct((B, H, n_tiles * 2 * cfg.block_q), jnp.float32)),
         grid=grid, grid_names=grid_names,
         num_threads=3, thread_name="wg",

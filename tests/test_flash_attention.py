@@ -215,8 +215,7 @@ def test_default_config_follows_the_tuned_table():
 def test_config_and_input_validation():
     for bad in (dict(block_q=128), dict(block_kv=72), dict(block_kv=48), dict(block_kv=272), dict(num_stages=1), dict(num_ctas=0),
                 dict(num_ctas=2.0), dict(persistent=1), dict(balanced=True),
-                dict(persistent=True, balanced=1), dict(o_tiles=2), dict(persistent=True, o_tiles=1),
-                dict(o_direct=True), dict(persistent=True, o_direct=1), dict(persistent=True, o_tiles=2, o_direct=True)):
+                dict(persistent=True, balanced=1), dict(o_tiles=2), dict(persistent=True, o_tiles=1)):
         with pytest.raises(ValueError):
             TuningConfig(**bad)
     q = jnp.zeros((1, 8, 2, 80), jnp.bfloat16)
@@ -236,16 +235,6 @@ def test_v_swizzle_is_the_widest_that_divides_block_kv():
                                     (256, TuningConfig(block_kv=80)), (256, TuningConfig(block_kv=80, persistent=True)),
                                     (64, TuningConfig(block_kv=240, persistent=True))])
 def test_lowers_for_cuda_with_narrow_v_swizzle(hd, cfg):
-    q = jax.ShapeDtypeStruct((2, 1000, 2048 // hd, hd), jnp.bfloat16)
-    f = lambda q, k, v: flash_attention_fwd(q, k, v, key_end(2, 1000, 1000, causal="top_left"), config=cfg)
-    assert "mosaic_gpu" in jax.jit(f).trace(q, q, q).lower(lowering_platforms=("cuda",)).as_text()
-
-
-@pytest.mark.parametrize("hd,overlap", [(64, True), (128, False), (256, False), (256, True)])
-def test_lowers_for_cuda_with_o_direct(hd, overlap):
-    """O from registers to GMEM (``o_direct``), an odd length: the output gets whole tiles of rows."""
-    cfg = TuningConfig(block_kv=64, persistent=True, overlap=overlap, o_direct=True)
-    assert cfg.o_tile_count(hd) == 0
     q = jax.ShapeDtypeStruct((2, 1000, 2048 // hd, hd), jnp.bfloat16)
     f = lambda q, k, v: flash_attention_fwd(q, k, v, key_end(2, 1000, 1000, causal="top_left"), config=cfg)
     assert "mosaic_gpu" in jax.jit(f).trace(q, q, q).lower(lowering_platforms=("cuda",)).as_text()
@@ -370,29 +359,25 @@ PERSISTENT_CASES = [
     ("bottom_right", (1, 130, 2, 190, 1, 256), 2),  # hd 256: O reuses Q's SMEM (P's SMEM leaves no room)
 ]
 Q_AS_O = lambda num_ctas: dataclasses.replace(PERSIST(num_ctas), o_tiles=0)  # hd 64 with hd 256's O staging
-O_DIRECT = lambda num_ctas: dataclasses.replace(PERSIST(num_ctas), o_direct=True)  # O from registers to GMEM
 
 
-# the balanced order on the cases with items of unequal work (CI time: not all five); O in Q's SMEM at
-# hd 64; O stored from registers (odd T: the output has whole tiles of rows, sliced after)
-@pytest.mark.parametrize("mode,shape,num_ctas,extra", [c + ({},) for c in PERSISTENT_CASES]
-                         + [PERSISTENT_CASES[i] + ({"balanced": True},) for i in (1, 2, 4)]
-                         + [PERSISTENT_CASES[i] + ({"o_tiles": 0},) for i in (1, 3)]
-                         + [PERSISTENT_CASES[i] + ({"o_direct": True},) for i in (1, 3, 4)])
-def test_interpreter_persistent_matches_reference(mode, shape, num_ctas, extra):
+# the balanced order on the cases with items of unequal work (CI time: not all five)
+@pytest.mark.parametrize("mode,shape,num_ctas,balanced,o_tiles", [c + (False, None) for c in PERSISTENT_CASES]
+                         + [PERSISTENT_CASES[i] + (True, None) for i in (1, 2, 4)]
+                         + [PERSISTENT_CASES[i] + (False, 0) for i in (1, 3)])
+def test_interpreter_persistent_matches_reference(mode, shape, num_ctas, balanced, o_tiles):
     B, T, H, S, G, d = shape
     q, k, v = _inputs(4, *shape, jnp.bfloat16)
     kend = _kend(mode, B, T, S)
-    cfg = dataclasses.replace(PERSIST(num_ctas), **extra)
+    cfg = dataclasses.replace(PERSIST(num_ctas, balanced), o_tiles=o_tiles)
     with plgpu.force_gpu_interpret_mode():
         o, lse = flash_attention_fwd(q, k, v, kend, config=cfg)
     _check_close(q, k, v, kend, o, lse, tol=1e-2)
 
 
-@pytest.mark.parametrize("config", [INTERP, PERSIST(3), Q_AS_O(3), O_DIRECT(3), OVERLAP,
+@pytest.mark.parametrize("config", [INTERP, PERSIST(3), Q_AS_O(3), OVERLAP,
                                     dataclasses.replace(OVERLAP, persistent=True, num_ctas=3)],
-                         ids=["grid", "persistent", "persistent-o-in-q", "persistent-o-direct", "overlap-grid",
-                              "overlap-persistent"])
+                         ids=["grid", "persistent", "persistent-o-in-q", "overlap-grid", "overlap-persistent"])
 def test_interpreter_rows_that_see_no_key(config):
     """Padding rows, a warpgroup whose rows all see nothing in a tile that has KV steps (its scores
     are all masked: 0 needs the epilogue's select at hd 64), and whole items with no KV step."""
@@ -412,9 +397,7 @@ def test_interpreter_rows_that_see_no_key(config):
     (OVERLAP, (1, 128, 1, 256, 1, 64), "top_left"),
     (dataclasses.replace(OVERLAP, persistent=True, num_ctas=1), (1, 256, 1, 256, 1, 64), "top_left"),
     (dataclasses.replace(OVERLAP, persistent=True, num_ctas=1), (1, 130, 1, 150, 1, 256), "none"),
-    (dataclasses.replace(OVERLAP, persistent=True, num_ctas=1, o_direct=True), (1, 130, 1, 150, 1, 256), "none"),
-], ids=["grid", "persistent", "persistent-hd256", "persistent-balanced", "overlap-grid", "overlap-persistent",
-        "overlap-persistent-hd256", "overlap-persistent-hd256-o-direct"])
+], ids=["grid", "persistent", "persistent-hd256", "persistent-balanced", "overlap-grid", "overlap-persistent", "overlap-persistent-hd256"])
 def test_interpreter_finds_no_races(config, shape, mode):
     B, T, H, S, G, d = shape
     q, k, v = _inputs(5, *shape, jnp.float16)
@@ -514,20 +497,6 @@ def test_gpu_o_in_q_smem_matches_float32_reference(hd, overlap):
     cfg = dataclasses.replace(overlap_config(hd) if overlap else default_config(hd), persistent=True, o_tiles=0)
     for mode in ("top_left", "bottom_right"):
         _gpu_vs_reference(cfg, "bfloat16", hd, mode)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("overlap", (False, True))
-@pytest.mark.parametrize("hd", (64, 128, 256))
-def test_gpu_o_direct_matches_float32_reference(hd, overlap):
-    """The persistent kernel with O stored from registers straight to GMEM (``o_direct``): Q's SMEM
-    freed at each item's last QK^T at every head dim; odd T writes whole tiles into a padded output."""
-    cfg = dataclasses.replace(overlap_config(hd) if overlap else default_config(hd), persistent=True,
-                              o_direct=True)
-    for mode in ("top_left", "bottom_right", "positions"):
-        _gpu_vs_reference(cfg, "bfloat16", hd, mode)
-    _gpu_vs_reference(cfg, "float16", hd, "none")
-    _gpu_varlen_and_grad(cfg, hd)
 
 
 def _tuned_configs():
