@@ -216,24 +216,32 @@ def test_shipped_smollm2_artifacts_load_fit_and_decode_exactly(kind, smollm2):
     assert out.metrics()["mean_accepted"] > 1.0  # a trained drafter gets some drafts accepted on a plain prompt
 
 
+@pytest.fixture(scope="module")
+def eagle3_text(smollm2):
+    """The shipped EAGLE-3 head and two chat prompts with the target's greedy text, 48 tokens plus the 7 a
+    last cycle's verifier sees past the budget (shared by the chain and tree checks below)."""
+    from specjax.heads import shipped
+    if not (shipped.ROOT / "smollm2-135m-instruct" / "eagle3" / "config.json").is_file():
+        pytest.skip("no shipped eagle3 head")
+    lm = smollm2
+    ecfg, dp = shipped.load("smollm2-135m-instruct", "eagle3", lm.cfg, lm.params)
+    ids = [lm.encode(t, chat=True) for t in ("Write a Python function that reverses a string.",
+                                             "Explain why the sky is blue in three sentences.")]
+    ref = generate(lm.params, lm.cfg, ids, max_new_tokens=48 + 7, eos_token_ids=()).output_ids
+    return ecfg, dp, ids, ref
+
+
 @pytest.mark.assets
-def test_shipped_eagle3_loop_accepts_what_its_training_unroll_predicts(smollm2):
+def test_shipped_eagle3_loop_accepts_what_its_training_unroll_predicts(smollm2, eagle3_text):
     """Lossless decoding hides a drafter fed the wrong features (outputs stay exact, only acceptance
     drops). So: the loop's acceptance counts per draft position equal the chain replayed offline from
     the training-time unroll over the same greedy text (``chain_acceptance``); the text runs K tokens
     past the budget, as the verifier sees it. Exact in float32 here; one count of slack per position
     for a float near-tie between the unroll's attention and the cached step. A token/feature
     misalignment in the drafter's update costs ~1 in tau (checked by mutation: 1.24 vs 2.21)."""
-    from specjax.heads import shipped
     from training.eagle3_ttt import chain_acceptance, greedy_drafts
-    if not (shipped.ROOT / "smollm2-135m-instruct" / "eagle3" / "config.json").is_file():
-        pytest.skip("no shipped eagle3 head")
-    lm = smollm2
-    ecfg, dp = shipped.load("smollm2-135m-instruct", "eagle3", lm.cfg, lm.params)
+    lm, (ecfg, dp, ids, ref) = smollm2, eagle3_text
     K, new = 7, 48
-    ids = [lm.encode(t, chat=True) for t in ("Write a Python function that reverses a string.",
-                                             "Explain why the sky is blue in three sentences.")]
-    ref = generate(lm.params, lm.cfg, ids, max_new_tokens=new + K, eos_token_ids=()).output_ids
     cyc, acc = 0, np.zeros(K, int)
     for p, out in zip(ids, ref):
         text = np.asarray(p + out, np.int32)  # K tokens past the budget: what the last cycle's verifier sees
@@ -251,7 +259,7 @@ def test_shipped_eagle3_loop_accepts_what_its_training_unroll_predicts(smollm2):
 
 @pytest.mark.assets
 @pytest.mark.parametrize("size", [15, 31])
-def test_shipped_eagle3_tree_accepts_what_its_training_unroll_ranks_predict(smollm2, size):
+def test_shipped_eagle3_tree_accepts_what_its_training_unroll_ranks_predict(smollm2, eagle3_text, size):
     """Tree drafting, checked as the chain is above: along the accepted path a tree's node rows are the
     chain's rows, so the loop's acceptance with the head's fitted tree equals the replay from the ranks of
     the true tokens in the training unroll's steps (``tree_acceptance``), and its outputs equal AR greedy."""
@@ -261,13 +269,10 @@ def test_shipped_eagle3_tree_accepts_what_its_training_unroll_ranks_predict(smol
     folder = shipped.ROOT / "smollm2-135m-instruct" / "eagle3"
     if not (folder / "trees.json").is_file():
         pytest.skip("no fitted trees beside the shipped eagle3 head")
-    lm = smollm2
-    ecfg, dp = shipped.load("smollm2-135m-instruct", "eagle3", lm.cfg, lm.params)
+    lm, (ecfg, dp, ids, ref) = smollm2, eagle3_text
     tree = Tree.load(folder / "trees.json", size, "eagle3")
     new = 48
-    ids = [lm.encode(t, chat=True) for t in ("Write a Python function that reverses a string.",
-                                             "Explain why the sky is blue in three sentences.")]
-    ref = generate(lm.params, lm.cfg, ids, max_new_tokens=new + tree.depth, eos_token_ids=()).output_ids
+    assert tree.depth <= 7  # the shared text runs 7 tokens past the budget
     cyc, acc = 0, np.zeros(tree.depth, int)
     for p, out in zip(ids, ref):
         c, a = tree_acceptance(draft_ranks(lm.params, ecfg, dp, np.asarray(p + out, np.int32), tree.depth),
