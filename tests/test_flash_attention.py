@@ -56,6 +56,15 @@ def _check_close(q, k, v, kend, o, lse, tol):
 
 
 # ---------------------------------------------------------------- CPU: lowering for CUDA
+def _lowered_for_cuda(cfg, q, k) -> str:
+    """``flash_attention_fwd`` lowered for CUDA on this host (text), for abstract q [B,T,H,d] and k = v
+    [B,S,G,d], with ``k_end`` traced: the kernel does not depend on its values, so every mask mode
+    lowers the same kernel."""
+    f = lambda q, k, v, kend: flash_attention_fwd(q, k, v, kend, config=cfg)
+    return jax.jit(f).trace(q, k, k, jax.ShapeDtypeStruct(q.shape[:2], jnp.int32)).lower(
+        lowering_platforms=("cuda",)).as_text()
+
+
 @pytest.mark.parametrize("persistent", (False, True))
 @pytest.mark.parametrize("hd,dtype", list(itertools.product((64, 128, 256), ("bfloat16", "float16"))))
 def test_lowers_for_cuda_every_benchmark_config(hd, dtype, persistent):
@@ -64,12 +73,9 @@ def test_lowers_for_cuda_every_benchmark_config(hd, dtype, persistent):
     kernel as the non-causal row of its shape and config (the mask is ``k_end``, an input), so each
     shape is lowered once, with ``k_end`` traced."""
     cfg = dataclasses.replace(default_config(hd), persistent=persistent)
-    f = lambda q, k, v, kend: flash_attention_fwd(q, k, v, kend, config=cfg)
     for S in (512, 1024, 2048, 4096, 8192, 16384):
-        B, H = 16384 // S, 2048 // hd
-        q = jax.ShapeDtypeStruct((B, S, H, hd), jnp.dtype(dtype))
-        kend = jax.ShapeDtypeStruct((B, S), jnp.int32)
-        assert "mosaic_gpu" in jax.jit(f).trace(q, q, q, kend).lower(lowering_platforms=("cuda",)).as_text()
+        q = jax.ShapeDtypeStruct((16384 // S, S, 2048 // hd, hd), jnp.dtype(dtype))
+        assert "mosaic_gpu" in _lowered_for_cuda(cfg, q, q)
 
 
 @pytest.mark.parametrize("dtype", ("bfloat16", "float16"))
@@ -93,10 +99,7 @@ def test_lowers_for_cuda_the_tuned_picks_unlike_the_base_blocks(dtype):
 def test_lowers_odd_lengths_and_gqa(shape, persistent):
     B, T, H, S, G, d = shape
     q, k = jax.ShapeDtypeStruct((B, T, H, d), jnp.bfloat16), jax.ShapeDtypeStruct((B, S, G, d), jnp.bfloat16)
-    kend = jax.ShapeDtypeStruct((B, T), jnp.int32)
-    cfg = dataclasses.replace(default_config(d), persistent=persistent)
-    f = lambda q, k, v, kend: flash_attention_fwd(q, k, v, kend, config=cfg)
-    jax.jit(f).trace(q, k, k, kend).lower(lowering_platforms=("cuda",))
+    assert "mosaic_gpu" in _lowered_for_cuda(dataclasses.replace(default_config(d), persistent=persistent), q, k)
 
 
 @pytest.mark.parametrize("persistent", (False, True))
@@ -106,13 +109,12 @@ def test_lowers_for_cuda_with_overlap(hd, dtype, persistent):
     causal mode runs the same kernel, the mask being an input)."""
     cfg = dataclasses.replace(overlap_config(hd), persistent=persistent)
     assert cfg.overlap and cfg.block_kv == max_overlap_block_kv(hd)
-    lower = lambda q, k: jax.jit(lambda q, k, v, kend: flash_attention_fwd(q, k, v, kend, config=cfg)).trace(
-        q, k, k, jax.ShapeDtypeStruct(q.shape[:2], jnp.int32)).lower(lowering_platforms=("cuda",)).as_text()
     B, T, H, S, G = 2, 77, 2 * REP[hd], 1531, 2
-    assert "mosaic_gpu" in lower(*(jax.ShapeDtypeStruct(s, jnp.dtype(dtype)) for s in ((B, T, H, hd), (B, S, G, hd))))
+    q, k = (jax.ShapeDtypeStruct(s, jnp.dtype(dtype)) for s in ((B, T, H, hd), (B, S, G, hd)))
+    assert "mosaic_gpu" in _lowered_for_cuda(cfg, q, k)
     for S in (512, 16384):
         q = jax.ShapeDtypeStruct((16384 // S, S, 2048 // hd, hd), jnp.dtype(dtype))
-        assert "mosaic_gpu" in lower(q, q)
+        assert "mosaic_gpu" in _lowered_for_cuda(cfg, q, q)
 
 
 def _mosaic_gpu_text(lowered) -> str:

@@ -216,10 +216,13 @@ def test_shipped_smollm2_artifacts_load_fit_and_decode_exactly(kind, smollm2):
     assert out.metrics()["mean_accepted"] > 1.0  # a trained drafter gets some drafts accepted on a plain prompt
 
 
+NEW, PAST = 48, 7  # budget of the shipped EAGLE-3 replay checks, and the tokens past it a last cycle's verifier sees
+
+
 @pytest.fixture(scope="module")
 def eagle3_text(smollm2):
-    """The shipped EAGLE-3 head and two chat prompts with the target's greedy text, 48 tokens plus the 7 a
-    last cycle's verifier sees past the budget (shared by the chain and tree checks below)."""
+    """The shipped EAGLE-3 head and two chat prompts with the target's greedy text, NEW + PAST tokens (shared
+    by the chain and tree checks below)."""
     from specjax.heads import shipped
     if not (shipped.ROOT / "smollm2-135m-instruct" / "eagle3" / "config.json").is_file():
         pytest.skip("no shipped eagle3 head")
@@ -227,7 +230,7 @@ def eagle3_text(smollm2):
     ecfg, dp = shipped.load("smollm2-135m-instruct", "eagle3", lm.cfg, lm.params)
     ids = [lm.encode(t, chat=True) for t in ("Write a Python function that reverses a string.",
                                              "Explain why the sky is blue in three sentences.")]
-    ref = generate(lm.params, lm.cfg, ids, max_new_tokens=48 + 7, eos_token_ids=()).output_ids
+    ref = generate(lm.params, lm.cfg, ids, max_new_tokens=NEW + PAST, eos_token_ids=()).output_ids
     return ecfg, dp, ids, ref
 
 
@@ -241,7 +244,7 @@ def test_shipped_eagle3_loop_accepts_what_its_training_unroll_predicts(smollm2, 
     misalignment in the drafter's update costs ~1 in tau (checked by mutation: 1.24 vs 2.21)."""
     from training.eagle3_ttt import chain_acceptance, greedy_drafts
     lm, (ecfg, dp, ids, ref) = smollm2, eagle3_text
-    K, new = 7, 48
+    K, new = PAST, NEW
     cyc, acc = 0, np.zeros(K, int)
     for p, out in zip(ids, ref):
         text = np.asarray(p + out, np.int32)  # K tokens past the budget: what the last cycle's verifier sees
@@ -271,8 +274,8 @@ def test_shipped_eagle3_tree_accepts_what_its_training_unroll_ranks_predict(smol
         pytest.skip("no fitted trees beside the shipped eagle3 head")
     lm, (ecfg, dp, ids, ref) = smollm2, eagle3_text
     tree = Tree.load(folder / "trees.json", size, "eagle3")
-    new = 48
-    assert tree.depth <= 7  # the shared text runs 7 tokens past the budget
+    new = NEW
+    assert tree.depth <= PAST  # the shared text runs PAST tokens past the budget
     cyc, acc = 0, np.zeros(tree.depth, int)
     for p, out in zip(ids, ref):
         c, a = tree_acceptance(draft_ranks(lm.params, ecfg, dp, np.asarray(p + out, np.int32), tree.depth),
