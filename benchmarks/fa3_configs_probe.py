@@ -46,7 +46,7 @@ def main(argv=None):
                     help="lift max_overlap_block_kv's register estimate (ptxas then says what spills)")
     a = ap.parse_args(argv)
     if a.any_overlap_block:
-        new.max_overlap_block_kv = lambda head_dim: 256
+        new.max_overlap_block_kv = lambda head_dim, consumers=2: 256
     dev = jax.devices()[0]
     sms = getattr(dev, "core_count", None) or 132
     print(dev.device_kind, jax.__version__, "command:", " ".join(["python3", *sys.argv]), flush=True)

@@ -72,16 +72,20 @@ _MASKED = -1e30  # finite: a row that has seen only masked keys still has a fini
 
 
 _SMEM_LIMIT = 227 * 1024  # bytes of shared memory one Hopper CTA may use
-_OVERLAP_REGISTERS = 192  # of a consumer thread's 232: O, S / P and the previous P with overlap=True
+# setmaxnreg per thread of (consumer, producer) warpgroups, by consumer count: 2 * 232 + 40 and
+# 3 * 160 + 32 registers of 128 threads fill the 64K register file (FA3's split for 3 consumers).
+_REGISTERS = {2: (232, 40), 3: (160, 32)}
+_REGISTER_MARGIN = 40     # of a consumer's registers: m, l, k_end, indices, addresses
 
 
-def max_overlap_block_kv(head_dim: int) -> int:
+def max_overlap_block_kv(head_dim: int, consumers: int = 2) -> int:
     """Largest block_kv for ``overlap=True``. Per thread of a consumer warpgroup a [64, n] float32
     tile takes n / 2 registers: O (head_dim / 2), S / P of block j in float32 (block_kv / 2) and the
     16-bit P of block j - 1 (read by the PV in flight, block_kv / 4), with a block_kv / 4 margin,
-    must fit 192 of the 232 registers (the rest: m, l, k_end, indices, addresses). hd 64 and 128:
-    128, hd 256: 64."""
-    return (_OVERLAP_REGISTERS - head_dim // 2) // 64 * 64
+    must fit the consumer's registers less 40 (the rest: m, l, k_end, indices, addresses): 192 of
+    232 with 2 consumers (hd 64 and 128: 128, hd 256: 64), 120 of 160 with 3 (hd 64: 64, else 0:
+    no overlap)."""
+    return (_REGISTERS[consumers][0] - _REGISTER_MARGIN - head_dim // 2) // 64 * 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,8 +94,10 @@ class TuningConfig:
     accumulator-init wgmma for SMEM x SMEM + add, which the Mosaic GPU interpreter can run.
     ``persistent`` launches ``min(num_ctas, work items)`` CTAs that loop over (q tile, batch, head)
     items instead of one CTA per item; ``overlap`` overlaps each consumer's softmax of block j with
-    its own PV of block j - 1 (module docstring; block_kv <= ``max_overlap_block_kv(head_dim)``)."""
-    block_q: int = 64        # query rows per consumer warpgroup (a CTA owns 2 * block_q)
+    its own PV of block j - 1 (module docstring; block_kv <= ``max_overlap_block_kv(head_dim)``).
+    ``consumers=3`` runs three consumer warpgroups of 160 registers (a CTA owns 192 query rows, FA3's
+    tile at hd 64) without the ping-pong rendezvous, which pairs two."""
+    block_q: int = 64        # query rows per consumer warpgroup (a CTA owns consumers * block_q)
     block_kv: int = 128      # keys per pipeline step
     num_stages: int = 2      # K/V SMEM ring depth
     interpretable: bool = False
@@ -99,7 +105,8 @@ class TuningConfig:
     num_ctas: int = 132      # persistent grid size: the SM count of an H100 / H200
     overlap: bool = False    # intra-warpgroup overlap: QK^T of block j in flight with PV of j - 1
     balanced: bool = False   # persistent only: items dealt longest-first in snake order (LPT)
-    o_tiles: int | None = None  # persistent only: O staging tiles, 0 or 2 (None: 2 where they fit)
+    o_tiles: int | None = None  # persistent only: O staging tiles, 0 or one per consumer (None: those where they fit)
+    consumers: int = 2       # consumer warpgroups: 2 (ping-pong) or 3
 
     def __post_init__(self):
         if self.block_q != 64:
@@ -117,22 +124,35 @@ class TuningConfig:
             raise ValueError(f"balanced must be True or False and needs persistent=True (it orders the "
                              f"persistent grid's items), got balanced={self.balanced!r}, "
                              f"persistent={self.persistent!r}")
-        if self.o_tiles not in (None, 0, 2) or (self.o_tiles is not None and not self.persistent):
-            raise ValueError(f"o_tiles must be None, 0 or 2 and needs persistent=True (O staging tiles "
-                             f"of the persistent kernel), got o_tiles={self.o_tiles!r}, "
-                             f"persistent={self.persistent!r}")
+        if isinstance(self.consumers, bool) or self.consumers not in (2, 3):
+            raise ValueError(f"consumers must be 2 or 3 (consumer warpgroups of a CTA), got {self.consumers!r}")
+        if self.o_tiles not in (None, 0, self.consumers) or (self.o_tiles is not None and not self.persistent):
+            raise ValueError(f"o_tiles must be None, 0 or consumers ({self.consumers}) and needs "
+                             f"persistent=True (O staging tiles of the persistent kernel), got "
+                             f"o_tiles={self.o_tiles!r}, persistent={self.persistent!r}")
         if isinstance(self.num_ctas, bool) or not isinstance(self.num_ctas, int) or self.num_ctas < 1:
             raise ValueError(f"num_ctas must be a positive int (CTAs of the persistent grid, at most "
                              f"one per SM is useful), got {self.num_ctas!r}")
 
+    @property
+    def rows(self) -> int:
+        """Query rows of one CTA (one work item): ``consumers * block_q``."""
+        return self.consumers * self.block_q
+
     def check_head_dim(self, head_dim: int, itemsize: int = 2) -> None:
-        """Raises ValueError where the buffers would not fit 227 KiB of SMEM or ``overlap`` would not
-        fit the consumers' registers."""
-        if self.overlap and self.block_kv > max_overlap_block_kv(head_dim):
+        """Raises ValueError where the buffers would not fit 227 KiB of SMEM or ``overlap`` (any
+        config, with 3 consumers) would not fit the consumers' registers."""
+        if self.overlap and self.block_kv > (top := max_overlap_block_kv(head_dim, self.consumers)):
             raise ValueError(
                 f"overlap=True keeps O, S / P and the previous P in registers: at head dim {head_dim} "
-                f"block_kv must be <= {max_overlap_block_kv(head_dim)}, got {self.block_kv} "
+                f"with {self.consumers} consumers block_kv must be <= {top}, got {self.block_kv} "
                 f"(overlap_config(head_dim) picks one that fits)")
+        budget = _REGISTERS[self.consumers][0] - _REGISTER_MARGIN
+        if self.consumers == 3 and head_dim // 2 + self.block_kv // 2 > budget:
+            raise ValueError(
+                f"consumers=3 leaves 160 registers per consumer thread: O and S in float32 (head_dim / 2 "
+                f"+ block_kv / 2) must fit {budget}, got head dim {head_dim}, block_kv {self.block_kv} "
+                f"(use block_kv <= {2 * (budget - head_dim // 2)} or 2 consumers)")
         if (need := self.smem_bytes(head_dim, itemsize)) > _SMEM_LIMIT:
             raise ValueError(
                 f"{self} needs {need} bytes of shared memory at head dim "
@@ -141,8 +161,9 @@ class TuningConfig:
 
     def _barriers(self) -> int:
         """Barriers the kernel allocates: K/V ready and free per ring slot, Q ready per consumer,
-        the ``schedule`` rendezvous; persistent: ``q_free`` per consumer."""
-        return 4 * self.num_stages + 3 + (2 if self.persistent else 0)
+        the ``schedule`` rendezvous (2 consumers); persistent: ``q_free`` per consumer."""
+        c = self.consumers
+        return 4 * self.num_stages + c + (c == 2) + (c if self.persistent else 0)
 
     def smem_bytes(self, head_dim: int, itemsize: int = 2, o_tiles: int | None = None) -> int:
         """Shared memory the kernel allocates, as Mosaic GPU counts it: every buffer rounded up to
@@ -152,21 +173,23 @@ class TuningConfig:
         align = lambda n: -(-n // 1024) * 1024
         tile = self.block_q * head_dim * itemsize           # one consumer's [block_q, d] Q or O tile
         ring = self.num_stages * self.block_kv * head_dim * itemsize   # K's or V's
-        buffers = [2 * tile, ring, ring, 2 * self.block_q * 4,
-                   2 * self.block_q * self.block_kv * itemsize if self.interpretable else 0,
+        c = self.consumers
+        buffers = [c * tile, ring, ring, c * self.block_q * 4,
+                   c * self.block_q * self.block_kv * itemsize if self.interpretable else 0,
                    o_tiles * tile]
         return sum(map(align, buffers)) + 8 * self._barriers()
 
     def o_tile_count(self, head_dim: int, itemsize: int = 2) -> int:
         """Persistent kernel only: SMEM tiles that stage O for its TMA store, so that a consumer's Q
         tile can be refilled for the next item right after its last QK^T. ``o_tiles`` if set, else
-        2 (one per consumer) where they fit 227 KiB (hd 64, 128), else 0 (O is written through the
+        one per consumer where they fit 227 KiB (hd 64, 128), else 0 (O is written through the
         consumer's Q tile, and the next item's Q loads after that store). The grid kernel: 0."""
         if not self.persistent:
             return 0
         if self.o_tiles is not None:
             return self.o_tiles
-        return 2 if self.smem_bytes(head_dim, itemsize, 2) <= _SMEM_LIMIT else 0
+        c = self.consumers
+        return c if self.smem_bytes(head_dim, itemsize, c) <= _SMEM_LIMIT else 0
 
 
 # Per (head dim, causal): ``(longest kv_len, block_kv, schedule)`` rows, the first that covers kv_len
@@ -176,9 +199,10 @@ class TuningConfig:
 # in one run and behind it in the other is not trusted), then the overlap picks to one H200 sweep of
 # the overlap configs against those (fa3_tune_h200_2026-11-28_overlap.*, NOTES "v6"); hd 128
 # non-causal up to 4k to an H100 probe of the overlap with O rescaled early (..._hd128early.txt); hd 128
-# from 8k keys to 192-key blocks, which fit once the Mosaic GPU reduction scratch was dropped (NOTES "v7").
+# from 8k keys to 192-key blocks, which fit once the Mosaic GPU reduction scratch was dropped (NOTES "v7");
+# "+c3": three consumer warpgroups (192-row items), hd 64 non-causal 8k only, an H200 probe (NOTES "v10").
 TUNED = {
-    (64, False): ((None, 256, "persistent"),),
+    (64, False): ((4096, 256, "persistent"), (8192, 128, "persistent+c3"), (None, 256, "persistent")),
     (64, True): ((1024, 128, "persistent"), (8192, 256, "persistent"), (None, 256, "grid")),
     (128, False): ((4096, 128, "persistent+overlap"), (None, 192, "grid")),
     (128, True): ((4096, 128, "persistent"), (None, 192, "grid")),
@@ -201,13 +225,14 @@ def default_config(head_dim: int, kv_len: int | None = None, causal: bool = Fals
     for longest, block_kv, schedule in TUNED[head_dim, bool(causal)]:
         if longest is None or kv_len <= longest:
             break
-    schedule, _, overlap = schedule.partition("+")
+    schedule, *flags = schedule.split("+")
+    extra = dict(overlap="overlap" in flags, consumers=3 if "c3" in flags else 2)
     if schedule == "grid":
-        return TuningConfig(block_kv=block_kv, overlap=bool(overlap))
+        return TuningConfig(block_kv=block_kv, **extra)
     dev = jax.devices()[0]
     sms = getattr(dev, "core_count", None) if dev.platform == "gpu" else None
     return TuningConfig(block_kv=block_kv, persistent=True, balanced=schedule == "balanced",
-                        num_ctas=sms or 132, overlap=bool(overlap))
+                        num_ctas=sms or 132, **extra)
 
 
 def overlap_config(head_dim: int, kv_len: int | None = None, causal: bool = False) -> TuningConfig:
@@ -215,7 +240,7 @@ def overlap_config(head_dim: int, kv_len: int | None = None, causal: bool = Fals
     block_kv capped at ``max_overlap_block_kv(head_dim)`` (hd64: 256 -> 128)."""
     cfg = default_config(head_dim, kv_len, causal)
     return dataclasses.replace(cfg, overlap=True,
-                               block_kv=min(cfg.block_kv, max_overlap_block_kv(head_dim)))
+                               block_kv=min(cfg.block_kv, max_overlap_block_kv(head_dim, cfg.consumers)))
 
 
 # ---------------------------------------------------------------- pieces shared by both kernels
@@ -239,9 +264,19 @@ def _item_tile(w, n_tiles: int, n_heads: int):
     return qi, lax.div(bh, n_heads), lax.rem(bh, n_heads)
 
 
+def _arrive(schedule):  # the ping-pong's halves; no-ops with 3 consumers (``schedule`` None)
+    if schedule is not None:
+        plgpu.barrier_arrive(schedule)
+
+
+def _wait(schedule):
+    if schedule is not None:
+        plgpu.barrier_wait(schedule)
+
+
 def _sync(schedule):
-    plgpu.barrier_arrive(schedule)
-    plgpu.barrier_wait(schedule)
+    _arrive(schedule)
+    _wait(schedule)
 
 
 def _init_carry(bq: int, d: int):
@@ -281,7 +316,7 @@ def _overlap_steps(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, sched
     hd <= 128), waits for the QK^T only (``wgmma_wait(1)``: one group left in flight), does softmax
     ki while PV_{ki-1} runs, then waits for it (and rescales O, at hd 256); after the loop, PV of the
     last step. Each step has the two ``schedule`` rendezvous of the ping-pong: after issuing its
-    wgmma and after its softmax."""
+    wgmma and after its softmax (2 consumers; none with 3)."""
     bq, bkv = cfg.block_q, cfg.block_kv
     k_smem, v_smem, k_ready, v_ready, k_free, v_free = ring
     sync = functools.partial(_sync, schedule)
@@ -298,10 +333,10 @@ def _overlap_steps(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, sched
 
     def end_step(ki, *carry):
         carry = lax.optimization_barrier(carry)
-        plgpu.barrier_arrive(schedule)     # softmax done: our next wgmma may go after the other's
+        _arrive(schedule)     # softmax done: our next wgmma may go after the other's
         plgpu.barrier_wait(v_ready.at[slot_of(ki)])
         pl.when(ki + 1 < n_steps)(lambda: plgpu.barrier_wait(k_ready.at[slot_of(ki + 1)]))
-        plgpu.barrier_wait(schedule)
+        _wait(schedule)
         return carry
 
     def rescaled(acc, alpha):
@@ -382,13 +417,15 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
         plgpu.barrier_wait(k_ready.at[first_slot])
 
     sync = functools.partial(_sync, schedule)
-    pl.when(wg == 1)(sync)  # wg 1 starts half a step behind wg 0: ping-pong
+    if schedule is not None:
+        pl.when(wg == 1)(sync)  # wg 1 starts half a step behind wg 0: ping-pong
     if cfg.overlap:
         steps = functools.partial(_overlap_steps, q_smem, p_smem, kend_row, n_open=n_open,
                                   n_steps=n_steps, ring=ring, schedule=schedule, slot_of=slot_of,
                                   cfg=cfg, scale_log2=scale_log2, on_last_qk=on_last_qk)
         carry = lax.cond(n_steps > 0, steps, lambda c: c, carry)
-        pl.when(wg == 0)(sync)
+        if schedule is not None:
+            pl.when(wg == 0)(sync)
         return carry
 
     def step(ki, carry, masked: bool):
@@ -408,9 +445,9 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
         p_lo = p.astype(k_smem.dtype)
         acc, l_i, m_new, p_lo = lax.optimization_barrier((acc, l_i, m_new, p_lo))
-        plgpu.barrier_arrive(schedule)     # softmax done: our PV may go after the other's QK
+        _arrive(schedule)     # softmax done: our PV may go after the other's QK
         plgpu.barrier_wait(v_ready.at[slot])
-        plgpu.barrier_wait(schedule)
+        _wait(schedule)
 
         def wait_next_k():
             @pl.when(ki + 1 < n_steps)
@@ -436,7 +473,8 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
 
     carry = lax.fori_loop(0, n_open, functools.partial(step, masked=False), carry)
     acc, m_i, l_i = lax.fori_loop(n_open, n_steps, functools.partial(step, masked=True), carry)
-    pl.when(wg == 0)(sync)
+    if schedule is not None:
+        pl.when(wg == 0)(sync)
     return acc, m_i, l_i
 
 
@@ -471,11 +509,13 @@ def _kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, o_ref, lse_ref, s
     kmax, kmin = kmax_ref[bi, qi], kmin_ref[bi, qi]
     n_steps, n_open = _kv_range(kmin, kmax, bkv, n_kv_blocks)
 
-    @pl.when(wg < 2)
+    n_wg, (regs, producer_regs) = cfg.consumers, _REGISTERS[cfg.consumers]
+
+    @pl.when(wg < n_wg)
     def _consumer():
-        plgpu.set_max_registers(232, action="increase")
+        plgpu.set_max_registers(regs, action="increase")
         q_smem, lse_smem = q_smem2.at[wg], lse_smem2.at[wg]
-        q_base = (2 * qi + wg) * bq
+        q_base = (n_wg * qi + wg) * bq
         plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(q_base, bq), hi], q_smem, q_ready.at[wg])
         kend_row = _load_kend_row(kend_ref, bi, q_base, bq)
         carry = _init_carry(bq, q_smem.shape[-1])
@@ -486,9 +526,9 @@ def _kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, o_ref, lse_ref, s
                     lse_ref.at[bi, hi, pl.ds(q_base, bq)])
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-    @pl.when(wg == 2)
+    @pl.when(wg == n_wg)
     def _producer():
-        plgpu.set_max_registers(40, action="decrease")
+        plgpu.set_max_registers(producer_regs, action="decrease")
         gi = lax.div(hi, n_rep)
 
         def load(ki, slot):
@@ -543,9 +583,11 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
         n_steps, n_open = _kv_range(kmin_ref[bi, qi], kmax_ref[bi, qi], bkv, n_kv_blocks)
         return qi, bi, hi, n_open, n_steps
 
-    @pl.when(wg < 2)
+    n_wg, (regs, producer_regs) = cfg.consumers, _REGISTERS[cfg.consumers]
+
+    @pl.when(wg < n_wg)
     def _consumer():
-        plgpu.set_max_registers(232, action="increase")
+        plgpu.set_max_registers(regs, action="increase")
         q_smem, lse_smem = q_smem2.at[wg], lse_smem2.at[wg]
         o_smem = o_smem2.at[wg] if o_tiles else q_smem
         p_smem = None if p_smem2 is None else p_smem2.at[wg]
@@ -553,7 +595,7 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
 
         def run_item(j, step0):
             qi, bi, hi, n_open, n_steps = item(j)
-            q_base = (2 * qi + wg) * bq
+            q_base = (n_wg * qi + wg) * bq
             kend_row = _load_kend_row(kend_ref, bi, q_base, bq)
             carry = _init_carry(bq, q_smem.shape[-1])
             plgpu.barrier_wait(q_ready.at[wg])
@@ -573,9 +615,9 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
         lax.fori_loop(0, n_items, run_item, jnp.int32(0))
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-    @pl.when(wg == 2)
+    @pl.when(wg == n_wg)
     def _producer():
-        plgpu.set_max_registers(40, action="decrease")
+        plgpu.set_max_registers(producer_regs, action="decrease")
         # q_free completes when the item's Q SMEM may be refilled: at its last QK^T with O tiles of
         # its own (then Q goes first), after its O store otherwise (then the first K/V blocks go first).
         lead = 0 if o_tiles else stages
@@ -594,9 +636,9 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
             n_lead = jnp.minimum(n_steps, lead)
             if lead:
                 kv_steps(0, n_lead)
-            for w in range(2):
+            for w in range(n_wg):
                 pl.when(j > 0)(lambda: plgpu.barrier_wait(q_free.at[w]))
-                plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds((2 * qi + w) * bq, bq), hi],
+                plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds((n_wg * qi + w) * bq, bq), hi],
                                         q_smem2.at[w], q_ready.at[w])
             kv_steps(n_lead, n_steps)
             return step0 + n_steps
@@ -608,7 +650,7 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
             plgpu.barrier_wait(k_free.at[lax.rem(step, stages)])
             plgpu.barrier_wait(v_free.at[lax.rem(step, stages)])
 
-        for w in range(2):
+        for w in range(n_wg):
             plgpu.barrier_wait(q_free.at[w])
 
 
@@ -649,7 +691,7 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
                    scale: float):
     """Returns ``fwd(q, k, v, kend_BTp, kmin_BN, kmax_BN[, order]) -> (o_BTHd, lse_BHTp)``
     (``order`` from ``_balanced_order`` with ``cfg.balanced``)."""
-    n_tiles = pl.cdiv(T, 2 * cfg.block_q)
+    n_tiles, n_wg = pl.cdiv(T, cfg.rows), cfg.consumers
     stages = cfg.num_stages
     common = dict(cfg=cfg, n_rep=H // G, scale_log2=scale * _LOG2E,
                   n_kv_blocks=pl.cdiv(S, cfg.block_kv), n_tiles=n_tiles)
@@ -667,28 +709,30 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
 
     def entry(*refs):
         scratch = (
-            _smem_tiled((2, cfg.block_q, d), dtype),
+            _smem_tiled((n_wg, cfg.block_q, d), dtype),
             _smem_tiled((stages, cfg.block_kv, d), dtype),
             _smem_tiled((stages, cfg.block_kv, d), dtype, pv_swizzle),
-            plgpu.SMEM((2, cfg.block_q), jnp.float32),
-            _smem_tiled((2, cfg.block_q, cfg.block_kv), dtype, pv_swizzle) if cfg.interpretable else None,
+            plgpu.SMEM((n_wg, cfg.block_q), jnp.float32),
+            _smem_tiled((n_wg, cfg.block_q, cfg.block_kv), dtype, pv_swizzle) if cfg.interpretable else None,
         )
         barriers = (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
-                    plgpu.Barrier(num_barriers=2))
-        free = (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2
+                    plgpu.Barrier(num_barriers=n_wg))
+        free = (plgpu.Barrier(num_arrivals=n_wg, num_barriers=stages),) * 2
         q_free = ()
         if cfg.persistent:  # + the O tiles; q_free: a consumer warpgroup's Q SMEM may be refilled
-            scratch += (_smem_tiled((2, cfg.block_q, d), dtype) if o_tiles else None,)
-            q_free = (plgpu.Barrier(num_barriers=2),)
-        pl.run_scoped(lambda *s: body(*refs, s), scratch, barriers, free, *q_free,
-                      plgpu.Barrier(num_arrivals=2), collective_axes="wg")
+            scratch += (_smem_tiled((n_wg, cfg.block_q, d), dtype) if o_tiles else None,)
+            q_free = (plgpu.Barrier(num_barriers=n_wg),)
+        # The ping-pong's rendezvous pairs two consumers; three run without one (``schedule`` None).
+        schedule = (plgpu.Barrier(num_arrivals=2),) if n_wg == 2 else ()
+        pl.run_scoped(lambda *s: body(*refs, s if schedule else (*s, None)), scratch, barriers, free,
+                      *q_free, *schedule, collective_axes="wg")
 
     return plgpu.kernel(
         entry,
         out_type=(jax.ShapeDtypeStruct((B, T, H, d), dtype),
-                  jax.ShapeDtypeStruct((B, H, n_tiles * 2 * cfg.block_q), jnp.float32)),
+                  jax.ShapeDtypeStruct((B, H, n_tiles * cfg.rows), jnp.float32)),
         grid=grid, grid_names=grid_names,
-        num_threads=3, thread_name="wg",
+        num_threads=n_wg + 1, thread_name="wg",
         # No cross-warp reductions here (row max / sum stay within a warp's quads): the 2 KiB of SMEM
         # Mosaic GPU reserves for them by default would keep 192-key blocks at hd 128 and a 3-deep
         # ring of 128-key blocks out.
@@ -740,7 +784,7 @@ def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT, *, scale: float | None 
     cfg = config or default_config(d, S)
     cfg.check_head_dim(d, jnp.dtype(q_BTHd.dtype).itemsize)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    rows = 2 * cfg.block_q
+    rows = cfg.rows
     n_tiles = pl.cdiv(T, rows)
     # TMA needs sequence dims that are multiples of its 8-row tiles and at least one box long:
     # only lengths breaking that are padded (a copy); other tails are zero-filled by TMA itself.

@@ -186,7 +186,7 @@ def test_shared_memory_overflow_is_a_clear_error():
 
 def sched(cfg: TuningConfig) -> str:
     name = "balanced" if cfg.balanced else "persistent" if cfg.persistent else "grid"
-    return name + ("+overlap" if cfg.overlap else "")
+    return name + ("+overlap" if cfg.overlap else "") + ("+c3" if cfg.consumers == 3 else "")
 
 
 def test_default_config_follows_the_tuned_table():
@@ -200,6 +200,8 @@ def test_default_config_follows_the_tuned_table():
         for S in (1, 512, 1024, 2048, 4096, 8192, 16384, 65536):
             assert default_config(hd, S, causal).smem_bytes(hd) <= 227 * 1024
     for hd, S, causal, want, bkv in ((64, 512, True, "persistent", 128), (64, 1025, True, "persistent", 256),
+                                     (64, 4096, False, "persistent", 256), (64, 8192, False, "persistent+c3", 128),
+                                     (64, 8193, False, "persistent", 256),
                                      (64, 16384, True, "grid", 256), (64, 16384, False, "persistent", 256),
                                      (128, 4096, True, "persistent", 128), (128, 4097, True, "grid", 192),
                                      (128, 4096, False, "persistent+overlap", 128),
@@ -217,7 +219,9 @@ def test_default_config_follows_the_tuned_table():
 def test_config_and_input_validation():
     for bad in (dict(block_q=128), dict(block_kv=72), dict(block_kv=48), dict(block_kv=272), dict(num_stages=1), dict(num_ctas=0),
                 dict(num_ctas=2.0), dict(persistent=1), dict(balanced=True),
-                dict(persistent=True, balanced=1), dict(o_tiles=2), dict(persistent=True, o_tiles=1)):
+                dict(persistent=True, balanced=1), dict(o_tiles=2), dict(persistent=True, o_tiles=1),
+                dict(consumers=4), dict(consumers=1), dict(consumers=True),
+                dict(consumers=3, persistent=True, o_tiles=2)):
         with pytest.raises(ValueError):
             TuningConfig(**bad)
     q = jnp.zeros((1, 8, 2, 80), jnp.bfloat16)
@@ -254,6 +258,38 @@ def test_persistent_smem_budget():
     assert TuningConfig(block_kv=64, persistent=True, o_tiles=0).o_tile_count(64) == 0
     with pytest.raises(ValueError, match="shared memory"):   # two O tiles do not fit at hd 256
         TuningConfig(block_kv=64, persistent=True, o_tiles=2).check_head_dim(256)
+
+
+def test_three_consumers_config():
+    """``consumers=3``: 192-row items, three Q / LSE / O tiles, 160 registers per consumer thread, so
+    O and S (float32) must fit 120 of them and overlap only fits 64-key blocks at hd 64."""
+    c3 = TuningConfig(block_kv=128, consumers=3, persistent=True)
+    assert (c3.rows, TuningConfig().rows) == (192, 128)
+    assert c3.o_tile_count(64) == 3 and c3.smem_bytes(64) <= 227 * 1024
+    assert c3._barriers() == 4 * 2 + 3 + 3          # no ping-pong rendezvous; Q ready / free per consumer
+    assert TuningConfig()._barriers() == 4 * 2 + 2 + 1
+    assert (max_overlap_block_kv(64, 3), max_overlap_block_kv(128, 3)) == (64, 0)
+    TuningConfig(block_kv=176, consumers=3).check_head_dim(64)
+    TuningConfig(block_kv=112, consumers=3).check_head_dim(128)
+    for hd, cfg in ((64, TuningConfig(block_kv=192, consumers=3)), (128, TuningConfig(block_kv=128, consumers=3)),
+                    (256, TuningConfig(block_kv=64, consumers=3))):
+        with pytest.raises(ValueError, match="160 registers"):
+            cfg.check_head_dim(hd)
+    with pytest.raises(ValueError, match="block_kv must be <= 64"):
+        TuningConfig(block_kv=128, consumers=3, overlap=True).check_head_dim(64)
+
+
+C3 = [TuningConfig(block_kv=128, consumers=3), TuningConfig(block_kv=128, consumers=3, persistent=True),
+      TuningConfig(block_kv=64, consumers=3, persistent=True, overlap=True),
+      TuningConfig(block_kv=128, consumers=3, persistent=True, balanced=True)]
+
+
+@pytest.mark.parametrize("cfg", C3, ids=lambda c: sched(c))
+def test_lowers_for_cuda_with_three_consumers(cfg):
+    """hd 64, the table's shortest and longest rows and an odd GQA shape (``k_end`` traced)."""
+    for B, T, H, S, G in ((32, 512, 32, 512, 32), (1, 16384, 32, 16384, 32), (2, 77, 6, 301, 2)):
+        q, k = (jax.ShapeDtypeStruct((B, n, h, 64), jnp.bfloat16) for n, h in ((T, H), (S, G)))
+        assert "mosaic_gpu" in _lowered_for_cuda(cfg, q, k)
 
 
 @pytest.mark.parametrize("hd,cfg", [(256, TuningConfig(block_kv=64, persistent=True)),
@@ -399,7 +435,10 @@ def test_interpreter_rows_that_see_no_key(config):
     (OVERLAP, (1, 128, 1, 256, 1, 64), "top_left"),
     (dataclasses.replace(OVERLAP, persistent=True, num_ctas=1), (1, 256, 1, 256, 1, 64), "top_left"),
     (dataclasses.replace(OVERLAP, persistent=True, num_ctas=1), (1, 130, 1, 150, 1, 256), "none"),
-], ids=["grid", "persistent", "persistent-hd256", "persistent-balanced", "overlap-grid", "overlap-persistent", "overlap-persistent-hd256"])
+    (dataclasses.replace(INTERP, consumers=3, persistent=True, num_ctas=1), (1, 384, 1, 384, 1, 64), "top_left"),
+    (dataclasses.replace(INTERP, consumers=3, overlap=True), (1, 192, 1, 256, 1, 64), "top_left"),
+], ids=["grid", "persistent", "persistent-hd256", "persistent-balanced", "overlap-grid", "overlap-persistent",
+        "overlap-persistent-hd256", "3-consumers-persistent", "3-consumers-overlap-grid"])
 def test_interpreter_finds_no_races(config, shape, mode):
     B, T, H, S, G, d = shape
     q, k, v = _inputs(5, *shape, jnp.float16)
@@ -442,6 +481,29 @@ def test_interpreter_blocks_of_16_keys_match_reference(bkv, extra, mode, shape):
     kend = _kend(mode, B, T, S)
     with plgpu.force_gpu_interpret_mode():
         o, lse = flash_attention_fwd(q, k, v, kend, config=dataclasses.replace(INTERP, block_kv=bkv, **extra))
+    _check_close(q, k, v, kend, o, lse, tol=1e-2)
+
+
+C3_INTERP = dataclasses.replace(INTERP, consumers=3)
+
+
+@pytest.mark.parametrize("extra,mode,shape", [
+    ({}, "top_left", (1, 200, 2, 200, 1, 64)),                                     # 2 tiles, one part padding
+    ({}, "bottom_right", (2, 70, 4, 300, 2, 64)),
+    (dict(persistent=True, num_ctas=3), "positions", (2, 9, 3, 130, 1, 64)),
+    (dict(persistent=True, num_ctas=2, balanced=True), "top_left", (2, 400, 2, 400, 1, 64)),
+    (dict(persistent=True, num_ctas=3, o_tiles=0), "bottom_right", (1, 130, 2, 190, 1, 64)),
+    (dict(persistent=True, num_ctas=2, overlap=True), "none", (1, 300, 2, 350, 1, 64)),
+    (dict(overlap=True), "top_left", (1, 200, 2, 200, 1, 64)),
+    ({}, "none", (1, 130, 2, 190, 1, 128))])
+def test_interpreter_three_consumers_match_reference(extra, mode, shape):
+    """``consumers=3``: 192-row tiles, no ping-pong rendezvous; both schedules, O staging in its own
+    tiles and in Q's, overlap, a 192-row tile that is part padding, hd 128 (64-key blocks)."""
+    B, T, H, S, G, d = shape
+    q, k, v = _inputs(4, *shape, jnp.bfloat16)
+    kend = _kend(mode, B, T, S)
+    with plgpu.force_gpu_interpret_mode():
+        o, lse = flash_attention_fwd(q, k, v, kend, config=dataclasses.replace(C3_INTERP, **extra))
     _check_close(q, k, v, kend, o, lse, tol=1e-2)
 
 
@@ -533,10 +595,26 @@ def test_gpu_narrow_v_swizzle_blocks_match_float32_reference(hd, cfg, mode, monk
     """Blocks of 16k keys (V staged with a 32- or 64-byte swizzle), P in registers; overlap ones past
     ``max_overlap_block_kv``'s estimate too (they are measured against it, pallas_kernels/NOTES.md)."""
     import pallas_kernels.flash_attention as fa
-    monkeypatch.setattr(fa, "max_overlap_block_kv", lambda head_dim: 256)
+    monkeypatch.setattr(fa, "max_overlap_block_kv", lambda head_dim, consumers=2: 256)
     _gpu_vs_reference(cfg, "bfloat16", hd, mode)
     if mode == "bottom_right":
         _gpu_vs_reference(cfg, "float16", hd, mode)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("cfg", C3 + [TuningConfig(block_kv=64, consumers=3, overlap=True)], ids=lambda c: sched(c))
+def test_gpu_three_consumers_match_float32_reference(cfg, mode):
+    """``consumers=3`` at hd 64 (P in registers, 160 registers per consumer); fp16 too."""
+    _gpu_vs_reference(cfg, "bfloat16", 64, mode)
+    if mode == "bottom_right":
+        _gpu_vs_reference(cfg, "float16", 64, mode)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", C3[1:3], ids=lambda c: sched(c))
+def test_gpu_three_consumers_varlen_padding_rows_and_grad(cfg):
+    _gpu_varlen_and_grad(cfg, 64)
 
 
 def _gpu_vs_reference(cfg, dtype, hd, mode):
