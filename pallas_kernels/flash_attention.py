@@ -8,6 +8,8 @@ One CTA owns ``2 * block_q`` query rows of one (batch, head). Three warpgroups:
     shared two-arrival ``schedule`` barrier lets one warpgroup's QK^T / PV wgmma run while the other
     does its online softmax (exp2, scale folded into one FMA), so the tensor cores stay busy.
     QK^T is wgmma SMEM x SMEM; PV is wgmma with P in registers (A operand) into the running acc.
+  ``TuningConfig(consumers=3)``: FA3's hd 64 form, three consumers of 160 registers (wg 3 produces,
+  with 32) over ``3 * block_q`` rows, without the ping-pong rendezvous (pallas_kernels/NOTES.md, v10).
 
 Intra-warpgroup overlap (``TuningConfig(overlap=True)``, FA3's Algorithm 2, both schedules): a
 consumer issues the QK^T of block j and the PV of block j - 1 back to back (async, one wgmma group
@@ -200,7 +202,7 @@ class TuningConfig:
 # the overlap configs against those (fa3_tune_h200_2026-11-28_overlap.*, NOTES "v6"); hd 128
 # non-causal up to 4k to an H100 probe of the overlap with O rescaled early (..._hd128early.txt); hd 128
 # from 8k keys to 192-key blocks, which fit once the Mosaic GPU reduction scratch was dropped (NOTES "v7");
-# "+c3": three consumer warpgroups (192-row items), hd 64 non-causal 8k only, an H200 probe (NOTES "v10").
+# "+c3": three consumer warpgroups (192-row items), hd 64 non-causal 4k < S <= 8k, an H200 probe (NOTES "v10").
 TUNED = {
     (64, False): ((4096, 256, "persistent"), (8192, 128, "persistent+c3"), (None, 256, "persistent")),
     (64, True): ((1024, 128, "persistent"), (8192, 256, "persistent"), (None, 256, "grid")),
