@@ -73,13 +73,14 @@ def o_tile_candidates(pick: TuningConfig, hd: int) -> list[TuningConfig]:
 
 def parse_label(text: str, sms: int, config_type=TuningConfig) -> TuningConfig:
     """The inverse of ``label``: ``"128/2/P+O/o0"`` -> TuningConfig(block_kv=128, num_stages=2,
-    persistent=True, overlap=True, o_tiles=0, num_ctas=sms); a ``/c3`` suffix: 3 consumers."""
+    persistent=True, overlap=True, o_tiles=0, num_ctas=sms); a ``/c3`` suffix: 3 consumers, ``/s1``:
+    ``spare_q``."""
     bkv, stages, sched, *rest = text.split("/")
     sched, _, ov = sched.partition("+")
-    keys = {"o": "o_tiles", "c": "consumers"}
+    keys = {"o": "o_tiles", "c": "consumers", "s": "spare_q"}
     if sched not in ("G", "P", "B") or ov not in ("", "O") or any(r[:1] not in keys or not r[1:].isdigit() for r in rest):
-        raise ValueError(f"not a config label (block_kv/num_stages/G|P|B[+O][/oN][/cN]): {text!r}")
-    extra = {keys[r[0]]: int(r[1:]) for r in rest}
+        raise ValueError(f"not a config label (block_kv/num_stages/G|P|B[+O][/oN][/cN][/s1]): {text!r}")
+    extra = {keys[r[0]]: bool(int(r[1:])) if r[0] == "s" else int(r[1:]) for r in rest}
     return config_type(block_kv=int(bkv), num_stages=int(stages), persistent=sched != "G",
                        balanced=sched == "B", overlap=ov == "O", num_ctas=sms, **extra)
 
@@ -88,7 +89,8 @@ def label(cfg: TuningConfig) -> str:
     sched = 'B' if cfg.balanced else 'P' if cfg.persistent else 'G'
     o_tiles = "" if cfg.o_tiles is None else f"/o{cfg.o_tiles}"
     consumers = "" if cfg.consumers == 2 else f"/c{cfg.consumers}"
-    return f"{cfg.block_kv}/{cfg.num_stages}/{sched}{'+O' if cfg.overlap else ''}{o_tiles}{consumers}"
+    spare = "/s1" if cfg.spare_q else ""
+    return f"{cfg.block_kv}/{cfg.num_stages}/{sched}{'+O' if cfg.overlap else ''}{o_tiles}{consumers}{spare}"
 
 
 def main(argv=None) -> None:

@@ -21,7 +21,7 @@ after the PV's wait at hd 256, where that measured faster. The ping-pong with th
 kept (two ``schedule`` rendezvous per step, as without overlap). A consumer then holds O, S / P of
 block j in float32 and the 16-bit P of block j - 1 in registers: ``max_overlap_block_kv`` bounds
 block_kv per head dim (``overlap_config`` picks it). ``default_config`` uses it where it measured
-faster (``TUNED``: hd 128 non-causal up to 4k keys, hd 256 from 1k).
+faster (``TUNED``: hd 128 non-causal up to 4k keys, hd 256 except causal 512).
 
 Masking is one rule: key ``s`` is visible to query row ``t`` of batch ``b`` iff ``s < k_end[b, t]``
 (see ``key_end``). It expresses non-causal, causal top-left, causal bottom-right (KV-cache offsets),
@@ -44,7 +44,12 @@ and the per-item fixed cost (Q load, pipeline ramp, O/LSE epilogue) overlaps the
     consumers are still in the last PV and the epilogue; at hd 256 (or with ``o_tiles=0``) O reuses
     ``q_smem`` and ``q_free`` waits for the O store to have read it (the producer then loads the
     next item's first K/V blocks first). One O tile that the two consumers took in turn, which fits
-    at hd 256, measured slower than that (pallas_kernels/NOTES.md, v7).
+    at hd 256, measured slower than that (pallas_kernels/NOTES.md, v7). ``spare_q=True`` (hd 256's
+    32 KiB left over) keeps O in Q's SMEM but adds a Q tile: the (item j, consumer w) pairs take
+    the ``consumers + 1`` tiles in turn (tile ``(consumers * j + w) % (consumers + 1)``), so a
+    consumer's next Q is loaded into another tile while it writes O through its current one; only
+    the first consumer's tile, freed half a step before the second consumer finishes, gates the
+    second consumer's next Q (pallas_kernels/NOTES.md, v11).
 With ``balanced=True`` CTA c runs ``order[c], order[c + grid], ...`` instead: the items sorted by
 KV steps, longest first, dealt in snake order (``_balanced_order``, computed in XLA from the per-tile
 key ranges), so causal tiles of unequal work even out; ``default_config`` uses it for long causal rows.
@@ -98,7 +103,9 @@ class TuningConfig:
     items instead of one CTA per item; ``overlap`` overlaps each consumer's softmax of block j with
     its own PV of block j - 1 (module docstring; block_kv <= ``max_overlap_block_kv(head_dim)``).
     ``consumers=3`` runs three consumer warpgroups of 160 registers (a CTA owns 192 query rows, FA3's
-    tile at hd 64) without the ping-pong rendezvous, which pairs two."""
+    tile at hd 64) without the ping-pong rendezvous, which pairs two. ``spare_q`` (persistent, O staged
+    in Q's SMEM): one Q tile more than consumers, taken in rotation, so each consumer's next Q is
+    loaded while it still writes O through its current tile (the module docstring)."""
     block_q: int = 64        # query rows per consumer warpgroup (a CTA owns consumers * block_q)
     block_kv: int = 128      # keys per pipeline step
     num_stages: int = 2      # K/V SMEM ring depth
@@ -109,6 +116,7 @@ class TuningConfig:
     balanced: bool = False   # persistent only: items dealt longest-first in snake order (LPT)
     o_tiles: int | None = None  # persistent only: O staging tiles, 0 or one per consumer (None: those where they fit)
     consumers: int = 2       # consumer warpgroups: 2 (ping-pong) or 3
+    spare_q: bool = False    # persistent, o_tiles 0: consumers + 1 Q tiles in rotation
 
     def __post_init__(self):
         if self.block_q != 64:
@@ -132,6 +140,10 @@ class TuningConfig:
             raise ValueError(f"o_tiles must be None, 0 or consumers ({self.consumers}) and needs "
                              f"persistent=True (O staging tiles of the persistent kernel), got "
                              f"o_tiles={self.o_tiles!r}, persistent={self.persistent!r}")
+        if not isinstance(self.spare_q, bool) or (self.spare_q and (not self.persistent or self.o_tiles)):
+            raise ValueError(f"spare_q must be True or False and needs persistent=True with O staged in "
+                             f"Q's SMEM (o_tiles None or 0), got spare_q={self.spare_q!r}, "
+                             f"persistent={self.persistent!r}, o_tiles={self.o_tiles!r}")
         if isinstance(self.num_ctas, bool) or not isinstance(self.num_ctas, int) or self.num_ctas < 1:
             raise ValueError(f"num_ctas must be a positive int (CTAs of the persistent grid, at most "
                              f"one per SM is useful), got {self.num_ctas!r}")
@@ -161,11 +173,18 @@ class TuningConfig:
                 f"{head_dim}, more than the {_SMEM_LIMIT} a Hopper CTA has: use a smaller block_kv, "
                 f"fewer num_stages or fewer o_tiles")
 
+    @property
+    def q_tiles(self) -> int:
+        """Q SMEM tiles: one per consumer, one more with ``spare_q``."""
+        return self.consumers + self.spare_q
+
     def _barriers(self) -> int:
-        """Barriers the kernel allocates: K/V ready and free per ring slot, Q ready per consumer,
-        the ``schedule`` rendezvous (2 consumers); persistent: ``q_free`` per consumer."""
+        """Barriers the kernel allocates: K/V ready and free per ring slot, Q ready per consumer
+        (``spare_q``: per consumer and Q tile), the ``schedule`` rendezvous (2 consumers);
+        persistent: ``q_free`` per Q tile."""
         c = self.consumers
-        return 4 * self.num_stages + c + (c == 2) + (c if self.persistent else 0)
+        q_ready = c * self.q_tiles if self.spare_q else c
+        return 4 * self.num_stages + q_ready + (c == 2) + (self.q_tiles if self.persistent else 0)
 
     def smem_bytes(self, head_dim: int, itemsize: int = 2, o_tiles: int | None = None) -> int:
         """Shared memory the kernel allocates, as Mosaic GPU counts it: every buffer rounded up to
@@ -176,7 +195,7 @@ class TuningConfig:
         tile = self.block_q * head_dim * itemsize           # one consumer's [block_q, d] Q or O tile
         ring = self.num_stages * self.block_kv * head_dim * itemsize   # K's or V's
         c = self.consumers
-        buffers = [c * tile, ring, ring, c * self.block_q * 4,
+        buffers = [self.q_tiles * tile, ring, ring, c * self.block_q * 4,
                    c * self.block_q * self.block_kv * itemsize if self.interpretable else 0,
                    o_tiles * tile]
         return sum(map(align, buffers)) + 8 * self._barriers()
@@ -185,8 +204,9 @@ class TuningConfig:
         """Persistent kernel only: SMEM tiles that stage O for its TMA store, so that a consumer's Q
         tile can be refilled for the next item right after its last QK^T. ``o_tiles`` if set, else
         one per consumer where they fit 227 KiB (hd 64, 128), else 0 (O is written through the
-        consumer's Q tile, and the next item's Q loads after that store). The grid kernel: 0."""
-        if not self.persistent:
+        consumer's Q tile, and the next item's Q loads after that store; with ``spare_q`` into
+        another tile, before it). The grid kernel: 0."""
+        if not self.persistent or self.spare_q:
             return 0
         if self.o_tiles is not None:
             return self.o_tiles
@@ -202,15 +222,16 @@ class TuningConfig:
 # the overlap configs against those (fa3_tune_h200_2026-11-28_overlap.*, NOTES "v6"); hd 128
 # non-causal up to 4k to an H100 probe of the overlap with O rescaled early (..._hd128early.txt); hd 128
 # from 8k keys to 192-key blocks, which fit once the Mosaic GPU reduction scratch was dropped (NOTES "v7");
-# "+c3": three consumer warpgroups (192-row items), hd 64 non-causal 4k < S <= 8k, an H200 probe (NOTES "v10").
+# "+c3": three consumer warpgroups (192-row items), hd 64 non-causal 4k < S <= 8k, an H200 probe (NOTES "v10");
+# "+spare": a spare Q tile (``spare_q``), hd 256 up to 2k (causal 1k) keys, three H200 probes (NOTES "v11").
 TUNED = {
     (64, False): ((4096, 256, "persistent"), (8192, 128, "persistent+c3"), (None, 256, "persistent")),
     (64, True): ((1024, 128, "persistent"), (8192, 256, "persistent"), (None, 256, "grid")),
     (128, False): ((4096, 128, "persistent+overlap"), (None, 192, "grid")),
     (128, True): ((4096, 128, "persistent"), (None, 192, "grid")),
-    (256, False): ((512, 64, "persistent"), (8192, 64, "persistent+overlap"), (None, 64, "grid+overlap")),
-    (256, True): ((512, 64, "persistent"), (2048, 64, "persistent+overlap"), (8192, 64, "balanced+overlap"),
-                  (None, 64, "grid+overlap")),
+    (256, False): ((2048, 64, "persistent+overlap+spare"), (8192, 64, "persistent+overlap"), (None, 64, "grid+overlap")),
+    (256, True): ((512, 64, "persistent+spare"), (1024, 64, "persistent+overlap+spare"), (2048, 64, "persistent+overlap"),
+                  (8192, 64, "balanced+overlap"), (None, 64, "grid+overlap")),
 }
 
 
@@ -228,7 +249,7 @@ def default_config(head_dim: int, kv_len: int | None = None, causal: bool = Fals
         if longest is None or kv_len <= longest:
             break
     schedule, *flags = schedule.split("+")
-    extra = dict(overlap="overlap" in flags, consumers=3 if "c3" in flags else 2)
+    extra = dict(overlap="overlap" in flags, consumers=3 if "c3" in flags else 2, spare_q="spare" in flags)
     if schedule == "grid":
         return TuningConfig(block_kv=block_kv, **extra)
     dev = jax.devices()[0]
@@ -587,20 +608,30 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
 
     n_wg, (regs, producer_regs) = cfg.consumers, _REGISTERS[cfg.consumers]
 
+    n_q = cfg.q_tiles
+
+    def q_tile(j, w):  # (Q SMEM tile, its q_ready barrier) of consumer w's j-th item
+        if not cfg.spare_q:
+            return w, w
+        slot = lax.rem(n_wg * j + w, n_q)   # item-consumer pairs take the tiles in turn
+        return slot, w * n_q + slot         # a barrier per (consumer, tile): each waits every phase
+
     @pl.when(wg < n_wg)
     def _consumer():
         plgpu.set_max_registers(regs, action="increase")
-        q_smem, lse_smem = q_smem2.at[wg], lse_smem2.at[wg]
-        o_smem = o_smem2.at[wg] if o_tiles else q_smem
+        lse_smem = lse_smem2.at[wg]
         p_smem = None if p_smem2 is None else p_smem2.at[wg]
-        release_q = lambda: plgpu.barrier_arrive(q_free.at[wg])
 
         def run_item(j, step0):
             qi, bi, hi, n_open, n_steps = item(j)
+            slot, ready = q_tile(j, wg)
+            q_smem = q_smem2.at[slot]
+            o_smem = o_smem2.at[wg] if o_tiles else q_smem
+            release_q = lambda: plgpu.barrier_arrive(q_free.at[slot])
             q_base = (n_wg * qi + wg) * bq
             kend_row = _load_kend_row(kend_ref, bi, q_base, bq)
             carry = _init_carry(bq, q_smem.shape[-1])
-            plgpu.barrier_wait(q_ready.at[wg])
+            plgpu.barrier_wait(q_ready.at[ready])
             acc, m_i, l_i = _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule,
                                     wg=wg, cfg=cfg, scale_log2=scale_log2, step0=step0,
                                     on_last_qk=release_q if o_tiles else None)
@@ -622,7 +653,12 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
         plgpu.set_max_registers(producer_regs, action="decrease")
         # q_free completes when the item's Q SMEM may be refilled: at its last QK^T with O tiles of
         # its own (then Q goes first), after its O store otherwise (then the first K/V blocks go first).
-        lead = 0 if o_tiles else stages
+        # spare_q: Q of pair n = (item j, consumer w), n = n_wg * j + w, goes to tile n % n_q, freed by
+        # pair n - n_q's O store. Item j loads its first K/V block, then Q of pairs (j, 1..), freed as
+        # the previous item's first consumers finish, the rest of its K/V, then Q of pair (j + 1, 0),
+        # whose tile has been free since item j - 1 ended: a consumer's next Q is in SMEM before it
+        # stores O, and no Q load waits on the item it precedes.
+        lead = 0 if o_tiles else (1 if cfg.spare_q else stages)
 
         def load_kv(step, ki, bi, gi):  # ``step`` counts K/V blocks over all of this CTA's items
             slot, kv = lax.rem(step, stages), (bi, pl.ds(ki * bkv, bkv), gi)
@@ -631,6 +667,12 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
             pl.when(step >= stages)(lambda: plgpu.barrier_wait(v_free.at[slot]))
             plgpu.copy_gmem_to_smem(v_ref.at[kv], v_smem.at[slot], v_ready.at[slot])
 
+        def load_q(j, w, qi, bi, hi):  # Q of consumer w's j-th item, once its tile is free
+            slot, ready = q_tile(j, w)
+            pl.when(n_wg * j + w >= n_q)(lambda: plgpu.barrier_wait(q_free.at[slot]))
+            plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds((n_wg * qi + w) * bq, bq), hi],
+                                    q_smem2.at[slot], q_ready.at[ready])
+
         def run_item(j, step0):
             qi, bi, hi, _, n_steps = item(j)
             gi = lax.div(hi, n_rep)
@@ -638,11 +680,13 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
             n_lead = jnp.minimum(n_steps, lead)
             if lead:
                 kv_steps(0, n_lead)
-            for w in range(n_wg):
-                pl.when(j > 0)(lambda: plgpu.barrier_wait(q_free.at[w]))
-                plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds((n_wg * qi + w) * bq, bq), hi],
-                                        q_smem2.at[w], q_ready.at[w])
+            if cfg.spare_q:
+                pl.when(j == 0)(lambda: load_q(j, 0, qi, bi, hi))
+            for w in range(1 if cfg.spare_q else 0, n_wg):
+                load_q(j, w, qi, bi, hi)
             kv_steps(n_lead, n_steps)
+            if cfg.spare_q:
+                pl.when(j + 1 < n_items)(lambda: load_q(j + 1, 0, *item(j + 1)[:3]))
             return step0 + n_steps
 
         n_total = lax.fori_loop(0, n_items, run_item, jnp.int32(0))
@@ -652,8 +696,12 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
             plgpu.barrier_wait(k_free.at[lax.rem(step, stages)])
             plgpu.barrier_wait(v_free.at[lax.rem(step, stages)])
 
-        for w in range(n_wg):
-            plgpu.barrier_wait(q_free.at[w])
+        # ... and the last release of every Q tile (pairs n_wg * n_items - n_q ... - 1; fewer if the
+        # CTA has fewer pairs than tiles, e.g. the spare tile of a one-item CTA is never used)
+        n_pairs = n_wg * n_items
+        for back in range(n_q):
+            n = n_pairs - n_q + back
+            pl.when(n >= 0)(lambda: plgpu.barrier_wait(q_free.at[lax.rem(n, n_q)]))
 
 
 def _balanced_order(kmax_BN, cfg: TuningConfig, n_kv_blocks: int, n_heads: int, n_ctas: int):
@@ -711,19 +759,19 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
 
     def entry(*refs):
         scratch = (
-            _smem_tiled((n_wg, cfg.block_q, d), dtype),
+            _smem_tiled((cfg.q_tiles, cfg.block_q, d), dtype),
             _smem_tiled((stages, cfg.block_kv, d), dtype),
             _smem_tiled((stages, cfg.block_kv, d), dtype, pv_swizzle),
             plgpu.SMEM((n_wg, cfg.block_q), jnp.float32),
             _smem_tiled((n_wg, cfg.block_q, cfg.block_kv), dtype, pv_swizzle) if cfg.interpretable else None,
         )
         barriers = (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
-                    plgpu.Barrier(num_barriers=n_wg))
+                    plgpu.Barrier(num_barriers=n_wg * cfg.q_tiles if cfg.spare_q else n_wg))
         free = (plgpu.Barrier(num_arrivals=n_wg, num_barriers=stages),) * 2
         q_free = ()
         if cfg.persistent:  # + the O tiles; q_free: a consumer warpgroup's Q SMEM may be refilled
             scratch += (_smem_tiled((n_wg, cfg.block_q, d), dtype) if o_tiles else None,)
-            q_free = (plgpu.Barrier(num_barriers=n_wg),)
+            q_free = (plgpu.Barrier(num_barriers=cfg.q_tiles),)
         # The ping-pong's rendezvous pairs two consumers; three run without one (``schedule`` None).
         schedule = (plgpu.Barrier(num_arrivals=2),) if n_wg == 2 else ()
         pl.run_scoped(lambda *s: body(*refs, s if schedule else (*s, None)), scratch, barriers, free,
@@ -840,6 +888,8 @@ def main(argv=None) -> None:
     ap.add_argument("--num-ctas", type=int, default=132, help="CTAs of the persistent grid")
     ap.add_argument("--overlap", action="store_true",
                     help="intra-warpgroup overlap, block_kv capped as in overlap_config")
+    ap.add_argument("--spare-q", action="store_true",
+                    help="persistent only: O in Q's SMEM with a spare Q tile (TuningConfig.spare_q)")
     a = ap.parse_args(argv)
     B, S, d = (1, 300, 64) if a.small else (16384 // a.seq, a.seq, a.head_dim)
     H = 2 if a.small else 2048 // d
@@ -850,12 +900,14 @@ def main(argv=None) -> None:
         default_config(d), persistent=a.schedule == "persistent", num_ctas=a.num_ctas)
     if a.overlap:
         cfg = dataclasses.replace(cfg, overlap=True, block_kv=min(cfg.block_kv, max_overlap_block_kv(d)))
+    if a.spare_q:
+        cfg = dataclasses.replace(cfg, spare_q=True)
     fwd = functools.partial(flash_attention_fwd, config=cfg)
     o, lse = fwd(q, k, v, kend)
     ref = flash_attention_reference(*(x.astype(jnp.float32) for x in (q, k, v)), kend)[0]
     err = float(jnp.linalg.norm(o.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
     print(f"B={B} S={S} H={H} d={d} causal={a.causal} persistent={cfg.persistent} "
-          f"overlap={cfg.overlap} block_kv={cfg.block_kv}: "
+          f"overlap={cfg.overlap} spare_q={cfg.spare_q} block_kv={cfg.block_kv}: "
           f"relative error {err:.2e}")
     if not a.small:
         from jax.experimental.mosaic.gpu import profiler

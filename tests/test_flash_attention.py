@@ -186,7 +186,7 @@ def test_shared_memory_overflow_is_a_clear_error():
 
 def sched(cfg: TuningConfig) -> str:
     name = "balanced" if cfg.balanced else "persistent" if cfg.persistent else "grid"
-    return name + ("+overlap" if cfg.overlap else "") + ("+c3" if cfg.consumers == 3 else "")
+    return name + ("+overlap" if cfg.overlap else "") + ("+c3" if cfg.consumers == 3 else "") + ("+spare" if cfg.spare_q else "")
 
 
 def test_default_config_follows_the_tuned_table():
@@ -205,8 +205,11 @@ def test_default_config_follows_the_tuned_table():
                                      (64, 16384, True, "grid", 256), (64, 16384, False, "persistent", 256),
                                      (128, 4096, True, "persistent", 128), (128, 4097, True, "grid", 192),
                                      (128, 4096, False, "persistent+overlap", 128),
-                                     (128, 16384, False, "grid", 192), (256, 512, False, "persistent", 64),
-                                     (256, 1024, False, "persistent+overlap", 64),
+                                     (128, 16384, False, "grid", 192), (256, 512, False, "persistent+overlap+spare", 64),
+                                     (256, 2048, False, "persistent+overlap+spare", 64),
+                                     (256, 2049, False, "persistent+overlap", 64), (256, 512, True, "persistent+spare", 64),
+                                     (256, 1024, True, "persistent+overlap+spare", 64),
+                                     (256, 2048, True, "persistent+overlap", 64),
                                      (256, 8192, True, "balanced+overlap", 64),
                                      (256, 16384, True, "grid+overlap", 64)):
         cfg = default_config(hd, S, causal)
@@ -221,7 +224,8 @@ def test_config_and_input_validation():
                 dict(num_ctas=2.0), dict(persistent=1), dict(balanced=True),
                 dict(persistent=True, balanced=1), dict(o_tiles=2), dict(persistent=True, o_tiles=1),
                 dict(consumers=4), dict(consumers=1), dict(consumers=True),
-                dict(consumers=3, persistent=True, o_tiles=2)):
+                dict(consumers=3, persistent=True, o_tiles=2), dict(spare_q=True), dict(spare_q=1),
+                dict(spare_q=True, persistent=True, o_tiles=2)):
         with pytest.raises(ValueError):
             TuningConfig(**bad)
     q = jnp.zeros((1, 8, 2, 80), jnp.bfloat16)
@@ -279,6 +283,38 @@ def test_three_consumers_config():
         TuningConfig(block_kv=128, consumers=3, overlap=True).check_head_dim(64)
 
 
+def test_spare_q_config():
+    """``spare_q``: one Q tile more than consumers (O staged in Q's SMEM, no O tiles), a Q ready
+    barrier per consumer and tile, ``q_free`` per tile; fits 227 KiB at hd 256 with 64-key blocks."""
+    for hd, bkv in ((256, 64), (128, 128), (64, 256)):
+        cfg = TuningConfig(block_kv=bkv, persistent=True, spare_q=True)
+        assert (cfg.q_tiles, cfg.o_tile_count(hd)) == (3, 0)
+        assert cfg.smem_bytes(hd) == dataclasses.replace(cfg, spare_q=False, o_tiles=0).smem_bytes(hd) \
+            + 64 * hd * 2 + 8 * (2 * 3 - 2 + 1), hd
+        cfg.check_head_dim(hd)
+    assert TuningConfig(block_kv=64, persistent=True, spare_q=True, o_tiles=0).q_tiles == 3
+    assert TuningConfig(block_kv=64, persistent=True, spare_q=True, consumers=3).q_tiles == 4
+    assert TuningConfig(persistent=True).q_tiles == 2
+    with pytest.raises(ValueError, match="shared memory"):   # a 3-deep ring leaves no room for it at hd 256
+        TuningConfig(block_kv=64, num_stages=3, persistent=True, spare_q=True).check_head_dim(256)
+
+
+SPARE_Q = [TuningConfig(block_kv=64, persistent=True, spare_q=True),
+           TuningConfig(block_kv=64, persistent=True, spare_q=True, overlap=True),
+           TuningConfig(block_kv=64, persistent=True, balanced=True, spare_q=True, overlap=True)]
+
+
+@pytest.mark.parametrize("cfg", SPARE_Q, ids=lambda c: sched(c))
+def test_lowers_for_cuda_with_spare_q(cfg):
+    """hd 256 (the head dim whose O lives in Q's SMEM), the table's rows (``k_end`` traced) and an odd
+    GQA shape."""
+    for S in (512, 2048, 16384):
+        q = jax.ShapeDtypeStruct((16384 // S, S, 8, 256), jnp.bfloat16)
+        assert "mosaic_gpu" in _lowered_for_cuda(cfg, q, q)
+    q, k = (jax.ShapeDtypeStruct((2, n, h, 256), jnp.float16) for n, h in ((77, 6), (301, 2)))
+    assert "mosaic_gpu" in _lowered_for_cuda(cfg, q, k)
+
+
 C3 = [TuningConfig(block_kv=128, consumers=3), TuningConfig(block_kv=128, consumers=3, persistent=True),
       TuningConfig(block_kv=64, consumers=3, persistent=True, overlap=True),
       TuningConfig(block_kv=128, consumers=3, persistent=True, balanced=True)]
@@ -296,7 +332,8 @@ def test_lowers_for_cuda_with_three_consumers(cfg):
                                     (128, TuningConfig(block_kv=192)),
                                     (64, TuningConfig(block_kv=256, num_stages=3, persistent=True)),
                                     (128, TuningConfig(block_kv=128, num_stages=3, persistent=True)),
-                                    (64, TuningConfig(block_kv=64, persistent=True, o_tiles=0, overlap=True))])
+                                    (64, TuningConfig(block_kv=64, persistent=True, o_tiles=0, overlap=True)),
+                                    (256, TuningConfig(block_kv=64, persistent=True, spare_q=True))])
 def test_smem_bytes_is_what_mosaic_allocates(hd, cfg):
     """``smem_bytes`` (which picks the O tiles) equals Mosaic GPU's own count: lowering under a limit
     one byte below it fails and names exactly that many bytes."""
@@ -414,8 +451,10 @@ def test_interpreter_persistent_matches_reference(mode, shape, num_ctas, balance
 
 
 @pytest.mark.parametrize("config", [INTERP, PERSIST(3), Q_AS_O(3), OVERLAP,
-                                    dataclasses.replace(OVERLAP, persistent=True, num_ctas=3)],
-                         ids=["grid", "persistent", "persistent-o-in-q", "overlap-grid", "overlap-persistent"])
+                                    dataclasses.replace(OVERLAP, persistent=True, num_ctas=3),
+                                    dataclasses.replace(PERSIST(2), spare_q=True)],
+                         ids=["grid", "persistent", "persistent-o-in-q", "overlap-grid", "overlap-persistent",
+                              "spare-q"])
 def test_interpreter_rows_that_see_no_key(config):
     """Padding rows, a warpgroup whose rows all see nothing in a tile that has KV steps (its scores
     are all masked: 0 needs the epilogue's select at hd 64), and whole items with no KV step."""
@@ -437,8 +476,9 @@ def test_interpreter_rows_that_see_no_key(config):
     (dataclasses.replace(OVERLAP, persistent=True, num_ctas=1), (1, 130, 1, 150, 1, 256), "none"),
     (dataclasses.replace(INTERP, consumers=3, persistent=True, num_ctas=1), (1, 384, 1, 384, 1, 64), "top_left"),
     (dataclasses.replace(INTERP, consumers=3, overlap=True), (1, 192, 1, 256, 1, 64), "top_left"),
+    (dataclasses.replace(PERSIST(1), spare_q=True), (2, 300, 1, 300, 1, 64), "top_left"),  # 6 items, 12 Q loads
 ], ids=["grid", "persistent", "persistent-hd256", "persistent-balanced", "overlap-grid", "overlap-persistent",
-        "overlap-persistent-hd256", "3-consumers-persistent", "3-consumers-overlap-grid"])
+        "overlap-persistent-hd256", "3-consumers-persistent", "3-consumers-overlap-grid", "spare-q"])
 def test_interpreter_finds_no_races(config, shape, mode):
     B, T, H, S, G, d = shape
     q, k, v = _inputs(5, *shape, jnp.float16)
@@ -504,6 +544,28 @@ def test_interpreter_three_consumers_match_reference(extra, mode, shape):
     kend = _kend(mode, B, T, S)
     with plgpu.force_gpu_interpret_mode():
         o, lse = flash_attention_fwd(q, k, v, kend, config=dataclasses.replace(C3_INTERP, **extra))
+    _check_close(q, k, v, kend, o, lse, tol=1e-2)
+
+
+SPARE_INTERP = dataclasses.replace(INTERP, persistent=True, spare_q=True)
+
+
+@pytest.mark.parametrize("extra,mode,shape", [
+    (dict(num_ctas=1), "none", (1, 128, 2, 128, 2, 64)),              # one CTA, 2 items: the spare tile's first use
+    (dict(num_ctas=3), "top_left", (1, 200, 2, 200, 1, 64)),          # 1-2 items per CTA (spare tile unused in some)
+    (dict(num_ctas=2), "bottom_right", (1, 130, 2, 190, 1, 128)),     # hd 128 (hd 256's P SMEM does not fit)
+    (dict(num_ctas=2), "positions", (2, 9, 3, 130, 1, 64)),           # odd T and S, GQA
+    (dict(num_ctas=2, balanced=True), "top_left", (2, 400, 2, 400, 1, 64)),  # 7 items per CTA, 3 rounds of tiles
+    (dict(num_ctas=3, overlap=True), "bottom_right", (2, 70, 4, 300, 2, 64)),
+    (dict(num_ctas=2, consumers=3), "top_left", (1, 400, 2, 400, 1, 64))])   # 4 Q tiles for 3 consumers
+def test_interpreter_spare_q_matches_reference(extra, mode, shape):
+    """``spare_q``: consumer w's j-th item takes Q tile ``(consumers * j + w) % (consumers + 1)``
+    and writes O through it; CTAs of one to seven items cycle through every tile and barrier phase."""
+    B, T, H, S, G, d = shape
+    q, k, v = _inputs(4, *shape, jnp.bfloat16)
+    kend = _kend(mode, B, T, S)
+    with plgpu.force_gpu_interpret_mode():
+        o, lse = flash_attention_fwd(q, k, v, kend, config=dataclasses.replace(SPARE_INTERP, **extra))
     _check_close(q, k, v, kend, o, lse, tol=1e-2)
 
 
@@ -615,6 +677,22 @@ def test_gpu_three_consumers_match_float32_reference(cfg, mode):
 @pytest.mark.parametrize("cfg", C3[1:3], ids=lambda c: sched(c))
 def test_gpu_three_consumers_varlen_padding_rows_and_grad(cfg):
     _gpu_varlen_and_grad(cfg, 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("cfg", SPARE_Q, ids=lambda c: sched(c))
+def test_gpu_spare_q_matches_float32_reference(cfg, mode):
+    """``spare_q`` at hd 256 (P in registers); fp16 too."""
+    _gpu_vs_reference(cfg, "bfloat16", 256, mode)
+    if mode == "bottom_right":
+        _gpu_vs_reference(cfg, "float16", 256, mode)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", SPARE_Q[:2], ids=lambda c: sched(c))
+def test_gpu_spare_q_varlen_padding_rows_and_grad(cfg):
+    _gpu_varlen_and_grad(cfg, 256)
 
 
 def _gpu_vs_reference(cfg, dtype, hd, mode):
