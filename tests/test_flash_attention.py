@@ -41,6 +41,17 @@ def _kend(mode, B, T, S, seed=0):
     return key_end(B, T, S, causal=mode, kv_lens_B=kv_lens)
 
 
+def _interpret_vs_reference(cfg, mode, shape):
+    """``flash_attention_fwd`` in the Mosaic GPU interpreter on bf16 inputs of ``shape`` = (B, T, H,
+    S, G, d) with ``mode``'s mask, against the float32 reference."""
+    B, T, H, S, G, d = shape
+    q, k, v = _inputs(4, *shape, jnp.bfloat16)
+    kend = _kend(mode, B, T, S)
+    with plgpu.force_gpu_interpret_mode():
+        o, lse = flash_attention_fwd(q, k, v, kend, config=cfg)
+    _check_close(q, k, v, kend, o, lse, tol=1e-2)
+
+
 def _check_close(q, k, v, kend, o, lse, tol):
     f32 = lambda x: x.astype(jnp.float32)
     ref_o, ref_lse = flash_attention_reference(f32(q), f32(k), f32(v), kend)
@@ -418,12 +429,7 @@ def test_dispatch_declines_unsupported_calls(monkeypatch):
                                         ("bottom_right", (2, 70, 4, 300, 2, 64)),
                                         ("positions", (1, 9, 3, 130, 1, 64))])
 def test_interpreter_matches_reference(mode, shape):
-    B, T, H, S, G, d = shape
-    q, k, v = _inputs(4, *shape, jnp.bfloat16)
-    kend = _kend(mode, B, T, S)
-    with plgpu.force_gpu_interpret_mode():
-        o, lse = flash_attention_fwd(q, k, v, kend, config=INTERP)
-    _check_close(q, k, v, kend, o, lse, tol=1e-2)
+    _interpret_vs_reference(INTERP, mode, shape)
 
 
 PERSISTENT_CASES = [
@@ -441,13 +447,7 @@ Q_AS_O = lambda num_ctas: dataclasses.replace(PERSIST(num_ctas), o_tiles=0)  # h
                          + [PERSISTENT_CASES[i] + (True, None) for i in (1, 2, 4)]
                          + [PERSISTENT_CASES[i] + (False, 0) for i in (1, 3)])
 def test_interpreter_persistent_matches_reference(mode, shape, num_ctas, balanced, o_tiles):
-    B, T, H, S, G, d = shape
-    q, k, v = _inputs(4, *shape, jnp.bfloat16)
-    kend = _kend(mode, B, T, S)
-    cfg = dataclasses.replace(PERSIST(num_ctas, balanced), o_tiles=o_tiles)
-    with plgpu.force_gpu_interpret_mode():
-        o, lse = flash_attention_fwd(q, k, v, kend, config=cfg)
-    _check_close(q, k, v, kend, o, lse, tol=1e-2)
+    _interpret_vs_reference(dataclasses.replace(PERSIST(num_ctas, balanced), o_tiles=o_tiles), mode, shape)
 
 
 @pytest.mark.parametrize("config", [INTERP, PERSIST(3), Q_AS_O(3), OVERLAP,
@@ -499,13 +499,7 @@ def test_interpreter_overlap_matches_reference(mode, shape, persistent):
     """Intra-warpgroup overlap: tiles of 1 to 5 KV steps (prologue, unmasked and masked loop
     steps, epilogue PV), both schedules (persistent: 3 CTAs over more items), alternating over the
     masks (CI time), both at hd 256, where the persistent kernel stages O in Q's SMEM."""
-    B, T, H, S, G, d = shape
-    q, k, v = _inputs(4, *shape, jnp.bfloat16)
-    kend = _kend(mode, B, T, S)
-    with plgpu.force_gpu_interpret_mode():
-        o, lse = flash_attention_fwd(q, k, v, kend, config=dataclasses.replace(
-            OVERLAP, persistent=persistent, num_ctas=3))
-    _check_close(q, k, v, kend, o, lse, tol=1e-2)
+    _interpret_vs_reference(dataclasses.replace(OVERLAP, persistent=persistent, num_ctas=3), mode, shape)
 
 
 @pytest.mark.parametrize("bkv,extra,mode,shape", [
@@ -516,12 +510,7 @@ def test_interpreter_overlap_matches_reference(mode, shape, persistent):
 def test_interpreter_blocks_of_16_keys_match_reference(bkv, extra, mode, shape):
     """block_kv a multiple of 16, not 64: tails and masks at block edges that no 64-key block has
     (the interpreter runs P x V from SMEM with V's narrower swizzle; the GPU tests run P in registers)."""
-    B, T, H, S, G, d = shape
-    q, k, v = _inputs(4, *shape, jnp.bfloat16)
-    kend = _kend(mode, B, T, S)
-    with plgpu.force_gpu_interpret_mode():
-        o, lse = flash_attention_fwd(q, k, v, kend, config=dataclasses.replace(INTERP, block_kv=bkv, **extra))
-    _check_close(q, k, v, kend, o, lse, tol=1e-2)
+    _interpret_vs_reference(dataclasses.replace(INTERP, block_kv=bkv, **extra), mode, shape)
 
 
 C3_INTERP = dataclasses.replace(INTERP, consumers=3)
@@ -539,12 +528,7 @@ C3_INTERP = dataclasses.replace(INTERP, consumers=3)
 def test_interpreter_three_consumers_match_reference(extra, mode, shape):
     """``consumers=3``: 192-row tiles, no ping-pong rendezvous; both schedules, O staging in its own
     tiles and in Q's, overlap, a 192-row tile that is part padding, hd 128 (64-key blocks)."""
-    B, T, H, S, G, d = shape
-    q, k, v = _inputs(4, *shape, jnp.bfloat16)
-    kend = _kend(mode, B, T, S)
-    with plgpu.force_gpu_interpret_mode():
-        o, lse = flash_attention_fwd(q, k, v, kend, config=dataclasses.replace(C3_INTERP, **extra))
-    _check_close(q, k, v, kend, o, lse, tol=1e-2)
+    _interpret_vs_reference(dataclasses.replace(C3_INTERP, **extra), mode, shape)
 
 
 SPARE_INTERP = dataclasses.replace(INTERP, persistent=True, spare_q=True)
@@ -555,18 +539,13 @@ SPARE_INTERP = dataclasses.replace(INTERP, persistent=True, spare_q=True)
     (dict(num_ctas=3), "top_left", (1, 200, 2, 200, 1, 64)),          # 1-2 items per CTA (spare tile unused in some)
     (dict(num_ctas=2), "bottom_right", (1, 130, 2, 190, 1, 128)),     # hd 128 (hd 256's P SMEM does not fit)
     (dict(num_ctas=2), "positions", (2, 9, 3, 130, 1, 64)),           # odd T and S, GQA
-    (dict(num_ctas=2, balanced=True), "top_left", (2, 400, 2, 400, 1, 64)),  # 7 items per CTA, 3 rounds of tiles
+    (dict(num_ctas=2, balanced=True), "top_left", (2, 400, 2, 400, 1, 64)),  # 8 items per CTA
     (dict(num_ctas=3, overlap=True), "bottom_right", (2, 70, 4, 300, 2, 64)),
     (dict(num_ctas=2, consumers=3), "top_left", (1, 400, 2, 400, 1, 64))])   # 4 Q tiles for 3 consumers
 def test_interpreter_spare_q_matches_reference(extra, mode, shape):
     """``spare_q``: consumer w's j-th item takes Q tile ``(consumers * j + w) % (consumers + 1)``
-    and writes O through it; CTAs of one to seven items cycle through every tile and barrier phase."""
-    B, T, H, S, G, d = shape
-    q, k, v = _inputs(4, *shape, jnp.bfloat16)
-    kend = _kend(mode, B, T, S)
-    with plgpu.force_gpu_interpret_mode():
-        o, lse = flash_attention_fwd(q, k, v, kend, config=dataclasses.replace(SPARE_INTERP, **extra))
-    _check_close(q, k, v, kend, o, lse, tol=1e-2)
+    and writes O through it; CTAs of one to eight items cycle through every tile and barrier phase."""
+    _interpret_vs_reference(dataclasses.replace(SPARE_INTERP, **extra), mode, shape)
 
 
 def test_custom_vjp_in_interpreter_matches_grad_of_reference():
