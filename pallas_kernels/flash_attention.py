@@ -178,13 +178,17 @@ class TuningConfig:
         """Q SMEM tiles: one per consumer, one more with ``spare_q``."""
         return self.consumers + self.spare_q
 
+    @property
+    def q_ready_barriers(self) -> int:
+        """Q-ready barriers: one per consumer, with ``spare_q`` one per (consumer, Q tile), so that
+        each consumer waits on every phase of the barriers it uses."""
+        return self.consumers * self.q_tiles if self.spare_q else self.consumers
+
     def _barriers(self) -> int:
-        """Barriers the kernel allocates: K/V ready and free per ring slot, Q ready per consumer
-        (``spare_q``: per consumer and Q tile), the ``schedule`` rendezvous (2 consumers);
-        persistent: ``q_free`` per Q tile."""
-        c = self.consumers
-        q_ready = c * self.q_tiles if self.spare_q else c
-        return 4 * self.num_stages + q_ready + (c == 2) + (self.q_tiles if self.persistent else 0)
+        """Barriers the kernel allocates: K/V ready and free per ring slot, ``q_ready_barriers``,
+        the ``schedule`` rendezvous (2 consumers); persistent: ``q_free`` per Q tile."""
+        return (4 * self.num_stages + self.q_ready_barriers + (self.consumers == 2)
+                + (self.q_tiles if self.persistent else 0))
 
     def smem_bytes(self, head_dim: int, itemsize: int = 2, o_tiles: int | None = None) -> int:
         """Shared memory the kernel allocates, as Mosaic GPU counts it: every buffer rounded up to
@@ -766,7 +770,7 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
             _smem_tiled((n_wg, cfg.block_q, cfg.block_kv), dtype, pv_swizzle) if cfg.interpretable else None,
         )
         barriers = (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
-                    plgpu.Barrier(num_barriers=n_wg * cfg.q_tiles if cfg.spare_q else n_wg))
+                    plgpu.Barrier(num_barriers=cfg.q_ready_barriers))
         free = (plgpu.Barrier(num_arrivals=n_wg, num_barriers=stages),) * 2
         q_free = ()
         if cfg.persistent:  # + the O tiles; q_free: a consumer warpgroup's Q SMEM may be refilled
