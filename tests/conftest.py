@@ -13,7 +13,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # complete a barrier found no thread free (seen as hangs of the FA3 interpreter tests; with the test
 # pinned to one core it hung, with this pool 25 interpreter tests passed on one core). A larger pool,
 # set before JAX creates its CPU client, removes that; a model test took the same time with it (bf16
-# n-gram test 38.1 vs 37.8 s).
+# n-gram test 38.1 vs 37.8 s; benchmarks/results/interpreter_hang_cpu_2026-11-29.txt).
 os.environ.setdefault("PJRT_NPROC", str(max(8, os.cpu_count() or 1)))
 
 
