@@ -124,8 +124,9 @@ class TuningConfig:
         if self.block_kv % 16 or not 64 <= self.block_kv <= 256:
             raise ValueError(f"block_kv must be a multiple of 16 from 64 to 256 (PV's wgmma K is a "
                              f"multiple of V's swizzle width, at least 16 keys), got {self.block_kv}")
-        if self.num_stages < 2:
-            raise ValueError(f"num_stages must be >= 2 (double buffering), got {self.num_stages}")
+        if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, int) or self.num_stages < 1:
+            raise ValueError(f"num_stages must be an int >= 1 (K/V ring depth; 1: one K and one V buffer, "
+                             f"refilled once both consumers released them), got {self.num_stages!r}")
         if not isinstance(self.persistent, bool):
             raise ValueError(f"persistent must be True or False, got {self.persistent!r}")
         if not isinstance(self.overlap, bool):
@@ -424,20 +425,25 @@ def _overlap_steps(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, sched
 
 
 def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *, wg,
-            cfg: TuningConfig, scale_log2: float, step0=None, on_last_qk=None):
+            cfg: TuningConfig, scale_log2: float, step0=None, on_last_qk=None, zero=None):
     """One consumer warpgroup's KV loop over its ``block_q`` query rows: ``n_open`` unmasked steps,
     then masked ones up to ``n_steps``, ping-ponged with the other consumer through ``schedule``
     (per tile each warpgroup arrives and waits ``2 * n_steps + 1`` times, so the pairing stays
     balanced from one tile to the next). Tile step ``ki`` uses ring slot ``(step0 + ki) %
     num_stages`` (``step0`` None: 0). ``on_last_qk`` runs once the last QK^T has read ``q_smem``.
-    ``p_smem`` is None unless ``cfg.interpretable``."""
+    ``p_smem`` is None unless ``cfg.interpretable``. ``zero``: ``_opaque_zero``, for ``num_stages=1``."""
     bq, bkv, stages = cfg.block_q, cfg.block_kv, cfg.num_stages
     k_smem, v_smem, k_ready, v_ready, k_free, v_free = ring
-    if step0 is None:
-        slot_of, first_slot = (lambda ki: lax.rem(ki, stages)), 0
+    step0 = 0 if step0 is None else step0
+    if stages == 1:
+        # One K/V buffer: the slot is 0. A constant slot makes every wgmma descriptor of the loop
+        # loop-invariant (40 64-bit values at hd 256, 128-key blocks); LLVM hoists them out of the KV
+        # loop and ptxas spills them (pallas_kernels/NOTES.md, v12). ``step & zero`` is 0 too, but
+        # LLVM cannot see that, so the descriptors are computed in the loop, as with 2 stages.
+        slot_of = lambda ki: lax.bitwise_and(step0 + ki, zero)
     else:
         slot_of = lambda ki: lax.rem(step0 + ki, stages)
-        first_slot = slot_of(0)
+    first_slot = slot_of(0)
 
     @pl.when(n_steps > 0)
     def _():
@@ -520,6 +526,12 @@ def _store_tile(acc, m_i, l_i, kend_row, o_smem, lse_smem, o_gmem, lse_gmem):
     plgpu.copy_smem_to_gmem(lse_smem, lse_gmem)
 
 
+def _opaque_zero(kend_ref, bi, q_base):
+    """0, read from memory: ``k_end`` is clipped to [0, S] before the kernel, so its sign bit is 0,
+    which the compiler cannot know (``_attend``'s ring slot with ``num_stages=1``)."""
+    return lax.shift_right_arithmetic(kend_ref[bi, q_base], 31)
+
+
 def _load_kend_row(kend_ref, bi, q_base, bq: int):
     return plgpu.load(kend_ref.at[bi, pl.ds(q_base, bq)], layout=_ROW, optimized=False)
 
@@ -545,10 +557,12 @@ def _kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, o_ref, lse_ref, s
         q_base = (n_wg * qi + wg) * bq
         plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(q_base, bq), hi], q_smem, q_ready.at[wg])
         kend_row = _load_kend_row(kend_ref, bi, q_base, bq)
+        zero = _opaque_zero(kend_ref, bi, q_base) if stages == 1 else None  # loaded while Q arrives
         carry = _init_carry(bq, q_smem.shape[-1])
         plgpu.barrier_wait(q_ready.at[wg])
         acc, m_i, l_i = _attend(q_smem, None if p_smem2 is None else p_smem2.at[wg], kend_row, carry,
-                                n_open, n_steps, ring, schedule, wg=wg, cfg=cfg, scale_log2=scale_log2)
+                                n_open, n_steps, ring, schedule, wg=wg, cfg=cfg, scale_log2=scale_log2,
+                                zero=zero)
         _store_tile(acc, m_i, l_i, kend_row, q_smem, lse_smem, o_ref.at[bi, pl.ds(q_base, bq), hi],
                     lse_ref.at[bi, hi, pl.ds(q_base, bq)])
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -634,11 +648,12 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
             release_q = lambda: plgpu.barrier_arrive(q_free.at[slot])
             q_base = (n_wg * qi + wg) * bq
             kend_row = _load_kend_row(kend_ref, bi, q_base, bq)
+            zero = _opaque_zero(kend_ref, bi, q_base) if stages == 1 else None  # loaded while Q arrives
             carry = _init_carry(bq, q_smem.shape[-1])
             plgpu.barrier_wait(q_ready.at[ready])
             acc, m_i, l_i = _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule,
                                     wg=wg, cfg=cfg, scale_log2=scale_log2, step0=step0,
-                                    on_last_qk=release_q if o_tiles else None)
+                                    on_last_qk=release_q if o_tiles else None, zero=zero)
             if o_tiles:
                 pl.when(n_steps == 0)(release_q)   # no QK^T ran: q_smem was not read
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last item's stores left o/lse_smem

@@ -197,7 +197,7 @@ def test_shared_memory_overflow_is_a_clear_error():
 
 def sched(cfg: TuningConfig) -> str:
     name = "balanced" if cfg.balanced else "persistent" if cfg.persistent else "grid"
-    return name + ("+overlap" if cfg.overlap else "") + ("+c3" if cfg.consumers == 3 else "") + ("+spare" if cfg.spare_q else "")
+    return name + ("+overlap" if cfg.overlap else "") + ("+c3" if cfg.consumers == 3 else "") + ("+spare" if cfg.spare_q else "") + ("+1stage" if cfg.num_stages == 1 else "")
 
 
 def test_default_config_follows_the_tuned_table():
@@ -231,7 +231,7 @@ def test_default_config_follows_the_tuned_table():
 
 
 def test_config_and_input_validation():
-    for bad in (dict(block_q=128), dict(block_kv=72), dict(block_kv=48), dict(block_kv=272), dict(num_stages=1), dict(num_ctas=0),
+    for bad in (dict(block_q=128), dict(block_kv=72), dict(block_kv=48), dict(block_kv=272), dict(num_stages=0), dict(num_stages=True), dict(num_ctas=0),
                 dict(num_ctas=2.0), dict(persistent=1), dict(balanced=True),
                 dict(persistent=True, balanced=1), dict(o_tiles=2), dict(persistent=True, o_tiles=1),
                 dict(consumers=4), dict(consumers=1), dict(consumers=True),
@@ -326,6 +326,25 @@ def test_lowers_for_cuda_with_spare_q(cfg):
     assert "mosaic_gpu" in _lowered_for_cuda(cfg, q, k)
 
 
+# One K and one V buffer (cuDNN's form at hd 256: 128-key blocks, 227 KiB; pallas_kernels/NOTES.md, v12)
+SINGLE = [TuningConfig(block_kv=128, num_stages=1), TuningConfig(block_kv=128, num_stages=1, persistent=True),
+          TuningConfig(block_kv=128, num_stages=1, persistent=True, spare_q=True)]
+
+
+@pytest.mark.parametrize("cfg", SINGLE, ids=lambda c: sched(c))
+def test_lowers_for_cuda_with_one_stage(cfg):
+    """128-key blocks at hd 256 fit 227 KiB only with one K/V stage (Mosaic's count: the exact-SMEM
+    test); the table's rows and an odd GQA shape. The ring slot is ``step & zero`` with a zero read
+    from ``k_end`` (a constant slot let LLVM hoist every wgmma descriptor out of the KV loop)."""
+    assert cfg.smem_bytes(256) <= 227 * 1024
+    for S in (512, 16384):
+        q = jax.ShapeDtypeStruct((16384 // S, S, 8, 256), jnp.bfloat16)
+        text = _lowered_for_cuda(cfg, q, q)
+        assert "mosaic_gpu" in text
+    q, k = (jax.ShapeDtypeStruct((2, n, h, 256), jnp.float16) for n, h in ((77, 6), (301, 2)))
+    assert "mosaic_gpu" in _lowered_for_cuda(cfg, q, k)
+
+
 C3 = [TuningConfig(block_kv=128, consumers=3), TuningConfig(block_kv=128, consumers=3, persistent=True),
       TuningConfig(block_kv=64, consumers=3, persistent=True, overlap=True),
       TuningConfig(block_kv=128, consumers=3, persistent=True, balanced=True)]
@@ -344,7 +363,8 @@ def test_lowers_for_cuda_with_three_consumers(cfg):
                                     (64, TuningConfig(block_kv=256, num_stages=3, persistent=True)),
                                     (128, TuningConfig(block_kv=128, num_stages=3, persistent=True)),
                                     (64, TuningConfig(block_kv=64, persistent=True, o_tiles=0, overlap=True)),
-                                    (256, TuningConfig(block_kv=64, persistent=True, spare_q=True))])
+                                    (256, TuningConfig(block_kv=64, persistent=True, spare_q=True)),
+                                    (256, TuningConfig(block_kv=128, num_stages=1, persistent=True, spare_q=True))])
 def test_smem_bytes_is_what_mosaic_allocates(hd, cfg):
     """``smem_bytes`` (which picks the O tiles) equals Mosaic GPU's own count: lowering under a limit
     one byte below it fails and names exactly that many bytes."""
@@ -548,6 +568,16 @@ def test_interpreter_spare_q_matches_reference(extra, mode, shape):
     _interpret_vs_reference(dataclasses.replace(SPARE_INTERP, **extra), mode, shape)
 
 
+@pytest.mark.parametrize("extra,mode,shape", [
+    (dict(), "top_left", (1, 200, 2, 200, 1, 64)),                         # grid: K/V refilled in place
+    (dict(persistent=True, num_ctas=2), "none", (1, 200, 2, 330, 1, 64)),  # the buffer's phases across items
+    (dict(persistent=True, num_ctas=2, spare_q=True), "bottom_right", (2, 130, 2, 200, 1, 256)),
+    (dict(overlap=True, persistent=True, num_ctas=3), "positions", (2, 70, 4, 300, 2, 64))])
+def test_interpreter_one_stage_matches_reference(extra, mode, shape):
+    """``num_stages=1``: one K and one V buffer, each refilled once both consumers released it."""
+    _interpret_vs_reference(dataclasses.replace(INTERP, num_stages=1, **extra), mode, shape)
+
+
 def test_custom_vjp_in_interpreter_matches_grad_of_reference():
     B, T, H, S, G, d = 1, 64, 2, 100, 1, 64
     q, k, v = _inputs(6, B, T, H, S, G, d, jnp.float32)
@@ -672,6 +702,16 @@ def test_gpu_spare_q_matches_float32_reference(cfg, mode):
 @pytest.mark.parametrize("cfg", SPARE_Q[:2], ids=lambda c: sched(c))
 def test_gpu_spare_q_varlen_padding_rows_and_grad(cfg):
     _gpu_varlen_and_grad(cfg, 256)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("cfg", SINGLE, ids=lambda c: sched(c))
+def test_gpu_one_stage_matches_float32_reference(cfg, mode):
+    """One K/V stage, 128-key blocks at hd 256 (P in registers); fp16 too."""
+    _gpu_vs_reference(cfg, "bfloat16", 256, mode)
+    if mode == "bottom_right":
+        _gpu_vs_reference(cfg, "float16", 256, mode)
 
 
 def _gpu_vs_reference(cfg, dtype, hd, mode):
