@@ -44,13 +44,20 @@ def main(argv=None):
     ap.add_argument("--new-only", action="store_true", help="skip _fa_head.py even if it exists")
     ap.add_argument("--any-overlap-block", action="store_true",
                     help="lift max_overlap_block_kv's register estimate (ptxas then says what spills)")
+    ap.add_argument("--head-first", action="store_true",
+                    help="time _fa_head.py's configs before this tree's in each row (order bias check)")
+    ap.add_argument("--regs", default=None,
+                    help="setmaxnreg of (consumer, producer) warpgroups with 2 consumers, e.g. 240,24 "
+                         "(this tree's kernel; default: its _REGISTERS)")
     a = ap.parse_args(argv)
+    if a.regs:
+        new._REGISTERS = {**new._REGISTERS, 2: tuple(int(x) for x in a.regs.split(","))}
     if a.any_overlap_block:
         new.max_overlap_block_kv = lambda head_dim, consumers=2: 256
     dev = jax.devices()[0]
     sms = getattr(dev, "core_count", None) or 132
     print(dev.device_kind, jax.__version__, "command:", " ".join(["python3", *sys.argv]), flush=True)
-    mods = _modules(a.new_only)
+    mods = _modules(a.new_only)[::-1] if a.head_first else _modules(a.new_only)
     for row in a.rows.split(","):
         hd, S, c = row.split(":")
         hd, S, causal = int(hd), int(S), c == "c"
