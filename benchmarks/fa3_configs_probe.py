@@ -36,6 +36,17 @@ def _modules(new_only: bool):
     return mods
 
 
+def row_inputs(row: str, key_end):
+    """``hd:S:c|n`` -> ``(hd, S, causal, (q, k, v), k_end, flops)``: bf16 inputs of the FA3 table's shape
+    (B*S = 16k, H*hd = 2048) and the row's FLOPs (halved when causal)."""
+    hd, S, c = row.split(":")
+    hd, S, causal = int(hd), int(S), c == "c"
+    B, H = 16384 // S, 2048 // hd
+    qkv = tuple(jax.random.normal(x, (B, S, H, hd), jnp.bfloat16) for x in jax.random.split(jax.random.key(0), 3))
+    kend = key_end(B, S, S, causal="top_left" if causal else "none")
+    return hd, S, causal, qkv, kend, 4 * B * S * S * H * hd / (2 if causal else 1)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("rows")
@@ -59,12 +70,7 @@ def main(argv=None):
     print(dev.device_kind, jax.__version__, "command:", " ".join(["python3", *sys.argv]), flush=True)
     mods = _modules(a.new_only)[::-1] if a.head_first else _modules(a.new_only)
     for row in a.rows.split(","):
-        hd, S, c = row.split(":")
-        hd, S, causal = int(hd), int(S), c == "c"
-        B, H = 16384 // S, 2048 // hd
-        q, k, v = (jax.random.normal(x, (B, S, H, hd), jnp.bfloat16) for x in jax.random.split(jax.random.key(0), 3))
-        kend = new.key_end(B, S, S, causal="top_left" if causal else "none")
-        flops = 4 * B * S * S * H * hd / (2 if causal else 1)
+        hd, S, causal, (q, k, v), kend, flops = row_inputs(row, new.key_end)
         runs = {"cudnn": jax.jit(lambda q, k, v: jax.nn.dot_product_attention(
             q, k, v, is_causal=causal, implementation="cudnn"))}
         for mname, m in mods:

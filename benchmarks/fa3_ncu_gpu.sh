@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Nsight Compute profile of the FA3 kernel and cuDNN on chosen rows (GPU machine, from the repo root):
+# Nsight Compute profile of the FA3 kernel and cuDNN on chosen rows (GPU machine, from the repo root, carry .whl):
 #   ROWS=256:4096:n,64:512:c bash benchmarks/fa3_ncu_gpu.sh
 # Returns in $OUT: the log (ncu version, launch order, ptxas resource lines), the details page of every kernel
 # (speed of light, pipes, memory tables, warp stalls, rules), the raw metrics (csv), the per-instruction SASS source

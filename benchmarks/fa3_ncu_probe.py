@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(__file__))
+from fa3_configs_probe import row_inputs  # noqa: E402
 from pallas_kernels import flash_attention as fa  # noqa: E402
 
 
@@ -34,11 +35,7 @@ def main(argv=None):
     cuda = ctypes.CDLL("libcuda.so.1")
     print(jax.devices()[0].device_kind, jax.__version__, "command:", " ".join(["python3", *sys.argv]), flush=True)
     for row in a.rows.split(","):
-        hd, S, c = row.split(":")
-        hd, S, causal = int(hd), int(S), c == "c"
-        B, H = 16384 // S, 2048 // hd
-        q, k, v = (jax.random.normal(x, (B, S, H, hd), jnp.bfloat16) for x in jax.random.split(jax.random.key(0), 3))
-        kend = fa.key_end(B, S, S, causal="top_left" if causal else "none")
+        hd, S, causal, (q, k, v), kend, _ = row_inputs(row, fa.key_end)
         cfg = fa.default_config(hd, S, causal)
         runs = {
             "specjax": jax.jit(lambda q, k, v: fa.flash_attention_fwd(q, k, v, kend, config=cfg)[0]),

@@ -9,7 +9,7 @@
 set -uo pipefail
 source benchmarks/device_lib.sh
 probe_setup /tmp/out onestage_log.txt
-step tests 200 3 python3 -m pytest -q -m gpu tests/test_flash_attention.py -k one_stage -p no:cacheprovider
+step tests 200 3 python3 -m pytest -q -m gpu tests/test_flash_attention.py -k 1stage -p no:cacheprovider
 MOSAIC_GPU_DUMP_PTXAS=1 step probe 300 0 python3 benchmarks/fa3_configs_probe.py \
   256:512:n,256:1024:n,256:2048:n,256:4096:n,256:16384:n,256:4096:c default,128/1/G,128/1/P,128/1/P/s1 --new-only
 grep -E "passed|failed|TFLOPS|bytes spill stores|rc=" "$STEP_LOG" | grep -v "^ptxas warning"

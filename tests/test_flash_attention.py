@@ -690,9 +690,10 @@ def test_gpu_three_consumers_varlen_padding_rows_and_grad(cfg):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("cfg", SPARE_Q, ids=lambda c: sched(c))
-def test_gpu_spare_q_matches_float32_reference(cfg, mode):
-    """``spare_q`` at hd 256 (P in registers); fp16 too."""
+@pytest.mark.parametrize("cfg", SPARE_Q + SINGLE, ids=lambda c: sched(c))
+def test_gpu_hd256_forms_match_float32_reference(cfg, mode):
+    """hd 256's own forms, P in registers: ``spare_q`` (ids ``+spare``), one K/V stage with 128-key
+    blocks (``+1stage``); fp16 too."""
     _gpu_vs_reference(cfg, "bfloat16", 256, mode)
     if mode == "bottom_right":
         _gpu_vs_reference(cfg, "float16", 256, mode)
@@ -702,16 +703,6 @@ def test_gpu_spare_q_matches_float32_reference(cfg, mode):
 @pytest.mark.parametrize("cfg", SPARE_Q[:2], ids=lambda c: sched(c))
 def test_gpu_spare_q_varlen_padding_rows_and_grad(cfg):
     _gpu_varlen_and_grad(cfg, 256)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("cfg", SINGLE, ids=lambda c: sched(c))
-def test_gpu_one_stage_matches_float32_reference(cfg, mode):
-    """One K/V stage, 128-key blocks at hd 256 (P in registers); fp16 too."""
-    _gpu_vs_reference(cfg, "bfloat16", 256, mode)
-    if mode == "bottom_right":
-        _gpu_vs_reference(cfg, "float16", 256, mode)
 
 
 def _gpu_vs_reference(cfg, dtype, hd, mode):
