@@ -16,7 +16,6 @@ import os
 import sys
 
 import jax
-import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(__file__))
 from fa3_configs_probe import row_inputs  # noqa: E402
