@@ -315,15 +315,20 @@ SPARE_Q = [TuningConfig(block_kv=64, persistent=True, spare_q=True),
            TuningConfig(block_kv=64, persistent=True, balanced=True, spare_q=True, overlap=True)]
 
 
-@pytest.mark.parametrize("cfg", SPARE_Q, ids=lambda c: sched(c))
-def test_lowers_for_cuda_with_spare_q(cfg):
-    """hd 256 (the head dim whose O lives in Q's SMEM), the table's rows (``k_end`` traced) and an odd
-    GQA shape."""
-    for S in (512, 2048, 16384):
+def _lowers_for_cuda_at_hd256(cfg, seqs):
+    """The table's hd 256 rows of these key lengths (``k_end`` traced) and an odd fp16 GQA shape."""
+    for S in seqs:
         q = jax.ShapeDtypeStruct((16384 // S, S, 8, 256), jnp.bfloat16)
         assert "mosaic_gpu" in _lowered_for_cuda(cfg, q, q)
     q, k = (jax.ShapeDtypeStruct((2, n, h, 256), jnp.float16) for n, h in ((77, 6), (301, 2)))
     assert "mosaic_gpu" in _lowered_for_cuda(cfg, q, k)
+
+
+@pytest.mark.parametrize("cfg", SPARE_Q, ids=lambda c: sched(c))
+def test_lowers_for_cuda_with_spare_q(cfg):
+    """hd 256 (the head dim whose O lives in Q's SMEM), the table's rows (``k_end`` traced) and an odd
+    GQA shape."""
+    _lowers_for_cuda_at_hd256(cfg, (512, 2048, 16384))
 
 
 # One K and one V buffer (cuDNN's form at hd 256: 128-key blocks, 227 KiB; pallas_kernels/NOTES.md, v12)
@@ -337,13 +342,10 @@ def test_lowers_for_cuda_with_one_stage(cfg):
     test); the table's rows and an odd GQA shape. The ring slot is ``step & zero`` with a zero read
     from ``k_end`` (a constant slot let LLVM hoist every wgmma descriptor out of the KV loop)."""
     assert cfg.smem_bytes(256) <= 227 * 1024
-    for S in (512, 16384):
-        q = jax.ShapeDtypeStruct((16384 // S, S, 8, 256), jnp.bfloat16)
-        assert "mosaic_gpu" in _lowered_for_cuda(cfg, q, q)
-    q, k = (jax.ShapeDtypeStruct((2, n, h, 256), jnp.float16) for n, h in ((77, 6), (301, 2)))
-    assert "mosaic_gpu" in _lowered_for_cuda(cfg, q, k)
+    _lowers_for_cuda_at_hd256(cfg, (512, 16384))
+    x = jax.ShapeDtypeStruct((2, 301, 2, 256), jnp.float16)
     f = lambda q, k, v: flash_attention_fwd(q, k, v, key_end(2, 301, 301), config=cfg)[0]
-    text = _mosaic_gpu_text(jax.jit(f).trace(k, k, k).lower(lowering_platforms=("cuda",)))
+    text = _mosaic_gpu_text(jax.jit(f).trace(x, x, x).lower(lowering_platforms=("cuda",)))
     assert "arith.shrsi" in text, "the one-stage ring slot lost its opaque zero (k_end's sign bit)"
 
 
