@@ -47,6 +47,13 @@ def row_inputs(row: str, key_end):
     return hd, S, causal, qkv, kend, 4 * B * S * S * H * hd / (2 if causal else 1)
 
 
+def set_registers(module, text: str | None) -> None:
+    """``--regs C,P``: setmaxnreg of (consumer, producer) warpgroups with 2 consumers for ``module``'s
+    kernel (traced later, so it reads the patched table); None: leave its ``_REGISTERS``."""
+    if text:
+        module._REGISTERS = {**module._REGISTERS, 2: tuple(int(x) for x in text.split(","))}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("rows")
@@ -61,8 +68,7 @@ def main(argv=None):
                     help="setmaxnreg of (consumer, producer) warpgroups with 2 consumers, e.g. 240,24 "
                          "(this tree's kernel; default: its _REGISTERS)")
     a = ap.parse_args(argv)
-    if a.regs:
-        new._REGISTERS = {**new._REGISTERS, 2: tuple(int(x) for x in a.regs.split(","))}
+    set_registers(new, a.regs)
     if a.any_overlap_block:
         new.max_overlap_block_kv = lambda head_dim, consumers=2: 256
     dev = jax.devices()[0]

@@ -18,7 +18,7 @@ import sys
 import jax
 
 sys.path.insert(0, os.path.dirname(__file__))
-from fa3_configs_probe import row_inputs  # noqa: E402
+from fa3_configs_probe import row_inputs, set_registers  # noqa: E402
 from pallas_kernels import flash_attention as fa  # noqa: E402
 
 
@@ -27,8 +27,7 @@ def main(argv=None):
     ap.add_argument("rows")
     ap.add_argument("--regs", default=None, help="setmaxnreg of (consumer, producer) with 2 consumers, e.g. 232,40")
     a = ap.parse_args(argv)
-    if a.regs:
-        fa._REGISTERS = {**fa._REGISTERS, 2: tuple(int(x) for x in a.regs.split(","))}
+    set_registers(fa, a.regs)
     if jax.devices()[0].platform != "gpu":
         sys.exit("fa3_ncu_probe.py profiles CUDA kernels and needs a GPU: nothing run")
     cuda = ctypes.CDLL("libcuda.so.1")
