@@ -105,7 +105,10 @@ class TuningConfig:
     ``consumers=3`` runs three consumer warpgroups of 160 registers (a CTA owns 192 query rows, FA3's
     tile at hd 64) without the ping-pong rendezvous, which pairs two. ``spare_q`` (persistent, O staged
     in Q's SMEM): one Q tile more than consumers, taken in rotation, so each consumer's next Q is
-    loaded while it still writes O through its current tile (the module docstring)."""
+    loaded while it still writes O through its current tile (the module docstring).
+    ``alternate_gemms``: every wgmma is a ping-pong turn of its own, so the tensor cores run
+    QK^T_0 QK^T_1 PV_0 PV_1 (subscript: consumer) instead of (PV QK^T)_0 (PV QK^T)_1; a refill of a
+    one-stage ring (``num_stages=1``) then has two GEMMs to land in instead of one."""
     block_q: int = 64        # query rows per consumer warpgroup (a CTA owns consumers * block_q)
     block_kv: int = 128      # keys per pipeline step
     num_stages: int = 2      # K/V SMEM ring depth
@@ -117,6 +120,7 @@ class TuningConfig:
     o_tiles: int | None = None  # persistent only: O staging tiles, 0 or one per consumer (None: those where they fit)
     consumers: int = 2       # consumer warpgroups: 2 (ping-pong) or 3
     spare_q: bool = False    # persistent, o_tiles 0: consumers + 1 Q tiles in rotation
+    alternate_gemms: bool = False  # 2 consumers, no overlap: wgmma order QK QK PV PV (``_attend``)
 
     def __post_init__(self):
         if self.block_q != 64:
@@ -145,6 +149,10 @@ class TuningConfig:
             raise ValueError(f"spare_q must be True or False and needs persistent=True with O staged in "
                              f"Q's SMEM (o_tiles None or 0), got spare_q={self.spare_q!r}, "
                              f"persistent={self.persistent!r}, o_tiles={self.o_tiles!r}")
+        if not isinstance(self.alternate_gemms, bool) or (self.alternate_gemms and (self.overlap or self.consumers != 2)):
+            raise ValueError(f"alternate_gemms must be True or False and needs the ping-pong without overlap "
+                             f"(consumers=2, overlap=False), got alternate_gemms={self.alternate_gemms!r}, "
+                             f"overlap={self.overlap!r}, consumers={self.consumers!r}")
         if isinstance(self.num_ctas, bool) or not isinstance(self.num_ctas, int) or self.num_ctas < 1:
             raise ValueError(f"num_ctas must be a positive int (CTAs of the persistent grid, at most "
                              f"one per SM is useful), got {self.num_ctas!r}")
@@ -228,15 +236,18 @@ class TuningConfig:
 # non-causal up to 4k to an H100 probe of the overlap with O rescaled early (..._hd128early.txt); hd 128
 # from 8k keys to 192-key blocks, which fit once the Mosaic GPU reduction scratch was dropped (NOTES "v7");
 # "+c3": three consumer warpgroups (192-row items), hd 64 non-causal 4k < S <= 8k, an H200 probe (NOTES "v10");
-# "+spare": a spare Q tile (``spare_q``), hd 256 up to 2k (causal 1k) keys, three H200 probes (NOTES "v11").
+# "+spare": a spare Q tile (``spare_q``), hd 256 up to 2k (causal 1k) keys, three H200 probes (NOTES "v11");
+# "+1stage+turns": cuDNN's hd 256 form, 128-key blocks with one K/V stage (``num_stages=1``) and the wgmmas in
+# the order QK QK PV PV (``alternate_gemms``), hd 256 non-causal from 2k keys and causal from 8k, H200 probes (NOTES "v13").
 TUNED = {
     (64, False): ((4096, 256, "persistent"), (8192, 128, "persistent+c3"), (None, 256, "persistent")),
     (64, True): ((1024, 128, "persistent"), (8192, 256, "persistent"), (None, 256, "grid")),
     (128, False): ((4096, 128, "persistent+overlap"), (None, 192, "grid")),
     (128, True): ((4096, 128, "persistent"), (None, 192, "grid")),
-    (256, False): ((2048, 64, "persistent+overlap+spare"), (8192, 64, "persistent+overlap"), (None, 64, "grid+overlap")),
+    (256, False): ((2048, 64, "persistent+overlap+spare"), (8192, 128, "grid+1stage+turns"),
+                   (None, 128, "balanced+1stage+turns")),
     (256, True): ((512, 64, "persistent+spare"), (1024, 64, "persistent+overlap+spare"), (2048, 64, "persistent+overlap"),
-                  (8192, 64, "balanced+overlap"), (None, 64, "grid+overlap")),
+                  (8192, 64, "balanced+overlap"), (None, 128, "grid+1stage+turns")),
 }
 
 
@@ -254,7 +265,8 @@ def default_config(head_dim: int, kv_len: int | None = None, causal: bool = Fals
         if longest is None or kv_len <= longest:
             break
     schedule, *flags = schedule.split("+")
-    extra = dict(overlap="overlap" in flags, consumers=3 if "c3" in flags else 2, spare_q="spare" in flags)
+    extra = dict(overlap="overlap" in flags, consumers=3 if "c3" in flags else 2, spare_q="spare" in flags,
+                 num_stages=1 if "1stage" in flags else 2, alternate_gemms="turns" in flags)
     if schedule == "grid":
         return TuningConfig(block_kv=block_kv, **extra)
     dev = jax.devices()[0]
@@ -264,10 +276,11 @@ def default_config(head_dim: int, kv_len: int | None = None, causal: bool = Fals
 
 
 def overlap_config(head_dim: int, kv_len: int | None = None, causal: bool = False) -> TuningConfig:
-    """``default_config(head_dim, kv_len, causal)`` (same schedule) with ``overlap=True`` and
-    block_kv capped at ``max_overlap_block_kv(head_dim)`` (hd64: 256 -> 128)."""
+    """``default_config(head_dim, kv_len, causal)`` (same schedule) with ``overlap=True``, block_kv
+    capped at ``max_overlap_block_kv(head_dim)`` (hd64: 256 -> 128, hd 256: 128 -> 64) and a
+    one-stage pick's ring back to two stages in the ping-pong's usual order."""
     cfg = default_config(head_dim, kv_len, causal)
-    return dataclasses.replace(cfg, overlap=True,
+    return dataclasses.replace(cfg, overlap=True, num_stages=2, alternate_gemms=False,
                                block_kv=min(cfg.block_kv, max_overlap_block_kv(head_dim, cfg.consumers)))
 
 
@@ -428,8 +441,8 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
             cfg: TuningConfig, scale_log2: float, step0=None, on_last_qk=None, zero=None):
     """One consumer warpgroup's KV loop over its ``block_q`` query rows: ``n_open`` unmasked steps,
     then masked ones up to ``n_steps``, ping-ponged with the other consumer through ``schedule``
-    (per tile each warpgroup arrives and waits ``2 * n_steps + 1`` times, so the pairing stays
-    balanced from one tile to the next). Tile step ``ki`` uses ring slot ``(step0 + ki) %
+    (per tile each warpgroup arrives and waits ``2 * n_steps + 1`` times, ``4 * n_steps + 1`` with
+    ``alternate_gemms``, so the pairing stays balanced from one tile to the next). Tile step ``ki`` uses ring slot ``(step0 + ki) %
     num_stages`` (``step0`` None: 0). ``on_last_qk`` runs once the last QK^T has read ``q_smem``.
     ``p_smem`` is None unless ``cfg.interpretable``. ``zero``: ``_opaque_zero``, for ``num_stages=1``."""
     bq, bkv, stages = cfg.block_q, cfg.block_kv, cfg.num_stages
@@ -460,6 +473,12 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
         if schedule is not None:
             pl.when(wg == 0)(sync)
         return carry
+
+    # A step's rendezvous: after our QK^T issue (the other consumer may issue its wgmma), after our
+    # softmax (before our PV). alternate_gemms adds two: after our PV issue (the other's PV may go)
+    # and before our next QK^T (once the other's PV is issued): wgmmas go QK^T_0 QK^T_1 PV_0 PV_1.
+    turns = cfg.alternate_gemms
+    pv_issued = functools.partial(_arrive, schedule) if turns else lambda: None
 
     def step(ki, carry, masked: bool):
         acc, m_i, l_i = carry
@@ -493,15 +512,20 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
 
             def pv(acc_ref):
                 plgpu.wgmma(acc_ref, p_smem, v_smem.at[slot])
+                pv_issued()
                 wait_next_k()
                 return acc_ref[...]
             acc = acc + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
         else:
             def pv(acc_ref):
                 plgpu.wgmma(acc_ref, p_lo, v_smem.at[slot])
+                pv_issued()
                 wait_next_k()
             acc = pl.run_state(pv)(plgpu.ACC.init(acc))
         plgpu.barrier_arrive(v_free.at[slot])
+        if turns:
+            _wait(schedule)   # the other consumer is past its softmax ...
+            sync()            # ... and has issued its PV: our next QK^T goes after it
         return acc, m_new, l_i
 
     carry = lax.fori_loop(0, n_open, functools.partial(step, masked=False), carry)
@@ -909,6 +933,9 @@ def main(argv=None) -> None:
                     help="intra-warpgroup overlap, block_kv capped as in overlap_config")
     ap.add_argument("--spare-q", action="store_true",
                     help="persistent only: O in Q's SMEM with a spare Q tile (TuningConfig.spare_q)")
+    ap.add_argument("--stages", type=int, default=None, help="K/V ring depth (TuningConfig.num_stages)")
+    ap.add_argument("--alternate-gemms", action="store_true",
+                    help="wgmma order QK QK PV PV (TuningConfig.alternate_gemms; no --overlap)")
     a = ap.parse_args(argv)
     B, S, d = (1, 300, 64) if a.small else (16384 // a.seq, a.seq, a.head_dim)
     H = 2 if a.small else 2048 // d
@@ -921,12 +948,15 @@ def main(argv=None) -> None:
         cfg = dataclasses.replace(cfg, overlap=True, block_kv=min(cfg.block_kv, max_overlap_block_kv(d)))
     if a.spare_q:
         cfg = dataclasses.replace(cfg, spare_q=True)
+    if a.stages or a.alternate_gemms:
+        cfg = dataclasses.replace(cfg, num_stages=a.stages or cfg.num_stages, alternate_gemms=a.alternate_gemms)
     fwd = functools.partial(flash_attention_fwd, config=cfg)
     o, lse = fwd(q, k, v, kend)
     ref = flash_attention_reference(*(x.astype(jnp.float32) for x in (q, k, v)), kend)[0]
     err = float(jnp.linalg.norm(o.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
     print(f"B={B} S={S} H={H} d={d} causal={a.causal} persistent={cfg.persistent} "
-          f"overlap={cfg.overlap} spare_q={cfg.spare_q} block_kv={cfg.block_kv}: "
+          f"overlap={cfg.overlap} spare_q={cfg.spare_q} block_kv={cfg.block_kv} stages={cfg.num_stages} "
+          f"alternate_gemms={cfg.alternate_gemms}: "
           f"relative error {err:.2e}")
     if not a.small:
         from jax.experimental.mosaic.gpu import profiler

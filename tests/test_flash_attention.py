@@ -144,8 +144,10 @@ def _mosaic_gpu_text(lowered) -> str:
     walk(lowered.compiler_ir("stablehlo").operation)
     [call] = calls
     raw = ir.StringAttr(ir.DictAttr(call.attributes["mhlo.backend_config"])["module"]).value_bytes
+    from jax._src.lib import mosaic_gpu_dialect
     with jax_mlir.make_ir_context() as ctx:
         ctx.allow_unregistered_dialects = True
+        mosaic_gpu_dialect.register_dialect(ctx)  # its types (barriers) in memrefs; not always loaded
         return str(ir.Module.parse(raw))
 
 
@@ -170,13 +172,16 @@ def test_overlap_converts_p_only_after_the_pv_wait(hd, persistent):
 
 
 def test_overlap_config_and_register_limit():
-    """overlap_config keeps default_config's schedule and caps block_kv (hd64: 256 -> 128); a
+    """overlap_config keeps default_config's schedule and caps block_kv (hd64: 256 -> 128, hd 256's
+    one-stage 128-key picks: 64 keys, two stages); a
     block_kv past the register budget is a ValueError naming the limit."""
     for hd, bkv in ((64, 128), (128, 128), (256, 64)):
         assert max_overlap_block_kv(hd) == bkv
         for S in (None, 512, 16384):
             cfg, base = overlap_config(hd, S), default_config(hd, S)
-            assert cfg == dataclasses.replace(base, overlap=True, block_kv=bkv), (hd, S)
+            assert cfg == dataclasses.replace(base, overlap=True, block_kv=bkv, num_stages=2,
+                                              alternate_gemms=False), (hd, S)
+    assert default_config(256, 16384).num_stages == 1   # a one-stage pick: overlap_config's ring has two
     for hd, bkv in ((64, 256), (128, 192), (256, 128)):
         q = jax.ShapeDtypeStruct((1, 256, 2, hd), jnp.bfloat16)
         f = lambda q, k, v: flash_attention_fwd(q, k, v, jnp.full((1, 256), 256, jnp.int32),
@@ -197,7 +202,7 @@ def test_shared_memory_overflow_is_a_clear_error():
 
 def sched(cfg: TuningConfig) -> str:
     name = "balanced" if cfg.balanced else "persistent" if cfg.persistent else "grid"
-    return name + ("+overlap" if cfg.overlap else "") + ("+c3" if cfg.consumers == 3 else "") + ("+spare" if cfg.spare_q else "") + ("+1stage" if cfg.num_stages == 1 else "")
+    return name + ("+overlap" if cfg.overlap else "") + ("+c3" if cfg.consumers == 3 else "") + ("+spare" if cfg.spare_q else "") + ("+1stage" if cfg.num_stages == 1 else "") + ("+turns" if cfg.alternate_gemms else "")
 
 
 def test_default_config_follows_the_tuned_table():
@@ -218,11 +223,14 @@ def test_default_config_follows_the_tuned_table():
                                      (128, 4096, False, "persistent+overlap", 128),
                                      (128, 16384, False, "grid", 192), (256, 512, False, "persistent+overlap+spare", 64),
                                      (256, 2048, False, "persistent+overlap+spare", 64),
-                                     (256, 2049, False, "persistent+overlap", 64), (256, 512, True, "persistent+spare", 64),
+                                     (256, 2049, False, "grid+1stage+turns", 128),
+                                     (256, 8192, False, "grid+1stage+turns", 128),
+                                     (256, 16384, False, "balanced+1stage+turns", 128),
+                                     (256, 512, True, "persistent+spare", 64),
                                      (256, 1024, True, "persistent+overlap+spare", 64),
                                      (256, 2048, True, "persistent+overlap", 64),
                                      (256, 8192, True, "balanced+overlap", 64),
-                                     (256, 16384, True, "grid+overlap", 64)):
+                                     (256, 16384, True, "grid+1stage+turns", 128)):
         cfg = default_config(hd, S, causal)
         assert (sched(cfg), cfg.block_kv) == (want, bkv), (hd, S, causal)
     for hd in (64, 128, 256):
@@ -236,7 +244,8 @@ def test_config_and_input_validation():
                 dict(persistent=True, balanced=1), dict(o_tiles=2), dict(persistent=True, o_tiles=1),
                 dict(consumers=4), dict(consumers=1), dict(consumers=True),
                 dict(consumers=3, persistent=True, o_tiles=2), dict(spare_q=True), dict(spare_q=1),
-                dict(spare_q=True, persistent=True, o_tiles=2)):
+                dict(spare_q=True, persistent=True, o_tiles=2), dict(alternate_gemms=1),
+                dict(alternate_gemms=True, overlap=True), dict(alternate_gemms=True, consumers=3)):
         with pytest.raises(ValueError):
             TuningConfig(**bad)
     q = jnp.zeros((1, 8, 2, 80), jnp.bfloat16)
@@ -332,8 +341,11 @@ def test_lowers_for_cuda_with_spare_q(cfg):
 
 
 # One K and one V buffer (cuDNN's form at hd 256: 128-key blocks, 227 KiB; pallas_kernels/NOTES.md, v12)
+# ``alternate_gemms`` (ids ``+turns``): wgmmas QK QK PV PV, two GEMMs of time for the buffer's refill.
 SINGLE = [TuningConfig(block_kv=128, num_stages=1), TuningConfig(block_kv=128, num_stages=1, persistent=True),
-          TuningConfig(block_kv=128, num_stages=1, persistent=True, spare_q=True)]
+          TuningConfig(block_kv=128, num_stages=1, persistent=True, spare_q=True),
+          TuningConfig(block_kv=128, num_stages=1, alternate_gemms=True),
+          TuningConfig(block_kv=128, num_stages=1, persistent=True, spare_q=True, alternate_gemms=True)]
 
 
 @pytest.mark.parametrize("cfg", SINGLE, ids=lambda c: sched(c))
@@ -576,9 +588,12 @@ def test_interpreter_spare_q_matches_reference(extra, mode, shape):
     (dict(), "top_left", (1, 200, 2, 200, 1, 64)),                         # grid: K/V refilled in place
     (dict(persistent=True, num_ctas=2), "none", (1, 200, 2, 330, 1, 64)),  # the buffer's phases across items
     (dict(persistent=True, num_ctas=2, spare_q=True), "bottom_right", (2, 130, 2, 200, 1, 256)),
-    (dict(overlap=True, persistent=True, num_ctas=3), "positions", (2, 70, 4, 300, 2, 64))])
+    (dict(overlap=True, persistent=True, num_ctas=3), "positions", (2, 70, 4, 300, 2, 64)),
+    (dict(alternate_gemms=True), "bottom_right", (1, 130, 2, 330, 1, 64)),
+    (dict(alternate_gemms=True, persistent=True, num_ctas=2, spare_q=True), "top_left", (2, 200, 2, 200, 1, 64))])
 def test_interpreter_one_stage_matches_reference(extra, mode, shape):
-    """``num_stages=1``: one K and one V buffer, each refilled once both consumers released it."""
+    """``num_stages=1``: one K and one V buffer, each refilled once both consumers released it;
+    ``alternate_gemms``: four rendezvous per step instead of two (QK QK PV PV)."""
     _interpret_vs_reference(dataclasses.replace(INTERP, num_stages=1, **extra), mode, shape)
 
 
