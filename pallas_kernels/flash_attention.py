@@ -8,6 +8,9 @@ One CTA owns ``2 * block_q`` query rows of one (batch, head). Three warpgroups:
     shared two-arrival ``schedule`` barrier lets one warpgroup's QK^T / PV wgmma run while the other
     does its online softmax (exp2, scale folded into one FMA), so the tensor cores stay busy.
     QK^T is wgmma SMEM x SMEM; PV is wgmma with P in registers (A operand) into the running acc.
+  ``num_stages=1, alternate_gemms=True``: cuDNN's hd 256 form, one 128-key K and V buffer, the wgmmas
+  in turns QK QK PV PV so each refill has two GEMMs of time (``TUNED`` past 2k keys, causal past 8k;
+  NOTES v13).
   ``TuningConfig(consumers=3)``: FA3's hd 64 form, three consumers of 160 registers (wg 3 produces,
   with 32) over ``3 * block_q`` rows, without the ping-pong rendezvous (pallas_kernels/NOTES.md, v10).
 
@@ -21,7 +24,8 @@ after the PV's wait at hd 256, where that measured faster. The ping-pong with th
 kept (two ``schedule`` rendezvous per step, as without overlap). A consumer then holds O, S / P of
 block j in float32 and the 16-bit P of block j - 1 in registers: ``max_overlap_block_kv`` bounds
 block_kv per head dim (``overlap_config`` picks it). ``default_config`` uses it where it measured
-faster (``TUNED``: hd 128 non-causal up to 4k keys, hd 256 except causal 512).
+faster (``TUNED``: hd 128 non-causal up to 4k keys, hd 256 non-causal up to 2k and causal from 513
+to 8k keys).
 
 Masking is one rule: key ``s`` is visible to query row ``t`` of batch ``b`` iff ``s < k_end[b, t]``
 (see ``key_end``). It expresses non-causal, causal top-left, causal bottom-right (KV-cache offsets),

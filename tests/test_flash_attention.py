@@ -780,3 +780,16 @@ def test_gpu_dispatch_matches_model_reference():
     ref = attention_reference(*(x.astype(jnp.float32) for x in (q, k, v)), q_pos)
     o = np.asarray(o.astype(jnp.float32))
     assert np.linalg.norm(o - ref) / np.linalg.norm(ref) < 1e-2
+
+
+def test_probe_labels_round_trip(monkeypatch):
+    """The probes' config labels (benchmarks/tune_fa3.py) name every field they set, ``/a1`` included."""
+    import pathlib
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    from tune_fa3 import label, parse_label
+    for text in ("128/2/G", "64/2/P+O/o0", "128/1/P/s1/a1", "128/1/B/a1", "128/2/P/c3", "64/2/B+O/s1"):
+        cfg = parse_label(text, 132)
+        assert label(cfg) == text and parse_label(label(cfg), 132) == cfg, text
+    assert parse_label("128/1/G/a1", 132).alternate_gemms and not parse_label("128/1/G", 132).alternate_gemms
+    with pytest.raises(ValueError, match="not a config label"):
+        parse_label("128/1/G/x1", 132)
