@@ -242,7 +242,7 @@ class TuningConfig:
 # "+c3": three consumer warpgroups (192-row items), hd 64 non-causal 4k < S <= 8k, an H200 probe (NOTES "v10");
 # "+spare": a spare Q tile (``spare_q``), hd 256 up to 2k (causal 1k) keys, three H200 probes (NOTES "v11");
 # "+1stage+turns": cuDNN's hd 256 form, 128-key blocks with one K/V stage (``num_stages=1``) and the wgmmas in
-# the order QK QK PV PV (``alternate_gemms``), hd 256 non-causal from 2k keys and causal from 8k, H200 probes (NOTES "v13").
+# the order QK QK PV PV (``alternate_gemms``), hd 256 non-causal past 2k keys and causal past 8k, H200 probes (NOTES "v13").
 TUNED = {
     (64, False): ((4096, 256, "persistent"), (8192, 128, "persistent+c3"), (None, 256, "persistent")),
     (64, True): ((1024, 128, "persistent"), (8192, 256, "persistent"), (None, 256, "grid")),
@@ -446,8 +446,8 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
     """One consumer warpgroup's KV loop over its ``block_q`` query rows: ``n_open`` unmasked steps,
     then masked ones up to ``n_steps``, ping-ponged with the other consumer through ``schedule``
     (per tile each warpgroup arrives and waits ``2 * n_steps + 1`` times, ``4 * n_steps + 1`` with
-    ``alternate_gemms``, so the pairing stays balanced from one tile to the next). Tile step ``ki`` uses ring slot ``(step0 + ki) %
-    num_stages`` (``step0`` None: 0). ``on_last_qk`` runs once the last QK^T has read ``q_smem``.
+    ``alternate_gemms``, so the pairing stays balanced from one tile to the next). Tile step ``ki``
+    uses ring slot ``(step0 + ki) % num_stages`` (``step0`` None: 0). ``on_last_qk`` runs once the last QK^T has read ``q_smem``.
     ``p_smem`` is None unless ``cfg.interpretable``. ``zero``: ``_opaque_zero``, for ``num_stages=1``."""
     bq, bkv, stages = cfg.block_q, cfg.block_kv, cfg.num_stages
     k_smem, v_smem, k_ready, v_ready, k_free, v_free = ring
@@ -949,7 +949,8 @@ def main(argv=None) -> None:
     cfg = default_config(d, S, a.causal) if a.schedule == "default" else dataclasses.replace(
         default_config(d), persistent=a.schedule == "persistent", num_ctas=a.num_ctas)
     if a.overlap:
-        cfg = dataclasses.replace(cfg, overlap=True, block_kv=min(cfg.block_kv, max_overlap_block_kv(d)))
+        cfg = dataclasses.replace(cfg, overlap=True, num_stages=2, alternate_gemms=False,
+                                  block_kv=min(cfg.block_kv, max_overlap_block_kv(d)))
     if a.spare_q:
         cfg = dataclasses.replace(cfg, spare_q=True)
     if a.stages or a.alternate_gemms:
