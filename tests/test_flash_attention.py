@@ -147,7 +147,7 @@ def _mosaic_gpu_text(lowered) -> str:
     from jax._src.lib import mosaic_gpu_dialect
     with jax_mlir.make_ir_context() as ctx:
         ctx.allow_unregistered_dialects = True
-        mosaic_gpu_dialect.register_dialect(ctx)  # its types (barriers) in memrefs; not always loaded
+        mosaic_gpu_dialect.register_dialect(ctx)  # else the parse failed in some test orders ("invalid memref element type")
         return str(ir.Module.parse(raw))
 
 
