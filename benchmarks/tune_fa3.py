@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from bench_fa3 import _measure, _try_compile
 from common import device_name
 from pallas_kernels.flash_attention import (_SMEM_LIMIT, TuningConfig, default_config, flash_attention_fwd,
-                                            key_end, max_overlap_block_kv)
+                                            key_end, max_overlap_block_kv, with_overlap)
 from specjax.files import atomic_write_text
 
 SEQS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -65,8 +65,8 @@ def o_tile_candidates(pick: TuningConfig, hd: int) -> list[TuningConfig]:
     ``o_tiles`` that fits."""
     out = []
     for overlap in (False, True):
-        bkv = min(pick.block_kv, max_overlap_block_kv(hd)) if overlap else pick.block_kv
-        p = dataclasses.replace(pick, persistent=True, overlap=overlap, block_kv=bkv)
+        base = dataclasses.replace(pick, persistent=True, overlap=False)
+        p = with_overlap(base, hd) if overlap else base
         out += [c for n in (0, 2) if (c := dataclasses.replace(p, o_tiles=n)).smem_bytes(hd) <= _SMEM_LIMIT]
     return out
 

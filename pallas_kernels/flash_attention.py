@@ -280,10 +280,15 @@ def default_config(head_dim: int, kv_len: int | None = None, causal: bool = Fals
 
 
 def overlap_config(head_dim: int, kv_len: int | None = None, causal: bool = False) -> TuningConfig:
-    """``default_config(head_dim, kv_len, causal)`` (same schedule) with ``overlap=True``, block_kv
-    capped at ``max_overlap_block_kv(head_dim)`` (hd64: 256 -> 128, hd 256: 128 -> 64) and a
-    one-stage pick's ring back to two stages in the ping-pong's usual order."""
-    cfg = default_config(head_dim, kv_len, causal)
+    """``default_config(head_dim, kv_len, causal)`` (same schedule) in its overlap form
+    (``with_overlap``)."""
+    return with_overlap(default_config(head_dim, kv_len, causal), head_dim)
+
+
+def with_overlap(cfg: TuningConfig, head_dim: int) -> TuningConfig:
+    """``cfg`` with ``overlap=True``, block_kv capped at ``max_overlap_block_kv(head_dim,
+    cfg.consumers)`` (hd64: 256 -> 128, hd 256: 128 -> 64) and a one-stage ring back to two stages
+    in the ping-pong's usual order."""
     return dataclasses.replace(cfg, overlap=True, num_stages=2, alternate_gemms=False,
                                block_kv=min(cfg.block_kv, max_overlap_block_kv(head_dim, cfg.consumers)))
 
@@ -447,8 +452,9 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
     then masked ones up to ``n_steps``, ping-ponged with the other consumer through ``schedule``
     (per tile each warpgroup arrives and waits ``2 * n_steps + 1`` times, ``4 * n_steps + 1`` with
     ``alternate_gemms``, so the pairing stays balanced from one tile to the next). Tile step ``ki``
-    uses ring slot ``(step0 + ki) % num_stages`` (``step0`` None: 0). ``on_last_qk`` runs once the last QK^T has read ``q_smem``.
-    ``p_smem`` is None unless ``cfg.interpretable``. ``zero``: ``_opaque_zero``, for ``num_stages=1``."""
+    uses ring slot ``(step0 + ki) % num_stages`` (``step0`` None: 0). ``on_last_qk`` runs once the
+    last QK^T has read ``q_smem``. ``p_smem`` is None unless ``cfg.interpretable``. ``zero``:
+    ``_opaque_zero``, for ``num_stages=1``."""
     bq, bkv, stages = cfg.block_q, cfg.block_kv, cfg.num_stages
     k_smem, v_smem, k_ready, v_ready, k_free, v_free = ring
     step0 = 0 if step0 is None else step0
@@ -949,8 +955,7 @@ def main(argv=None) -> None:
     cfg = default_config(d, S, a.causal) if a.schedule == "default" else dataclasses.replace(
         default_config(d), persistent=a.schedule == "persistent", num_ctas=a.num_ctas)
     if a.overlap:
-        cfg = dataclasses.replace(cfg, overlap=True, num_stages=2, alternate_gemms=False,
-                                  block_kv=min(cfg.block_kv, max_overlap_block_kv(d)))
+        cfg = with_overlap(cfg, d)
     if a.spare_q:
         cfg = dataclasses.replace(cfg, spare_q=True)
     if a.stages or a.alternate_gemms:
