@@ -67,7 +67,8 @@ def o_tile_candidates(pick: TuningConfig, hd: int) -> list[TuningConfig]:
     for overlap in (False, True):
         base = dataclasses.replace(pick, persistent=True, overlap=False)
         p = with_overlap(base, hd) if overlap else base
-        out += [c for n in (0, 2) if (c := dataclasses.replace(p, o_tiles=n)).smem_bytes(hd) <= _SMEM_LIMIT]
+        tiles = (0,) if p.spare_q else (0, p.consumers)   # o_tiles is 0 or one per consumer; spare_q: 0
+        out += [c for n in tiles if (c := dataclasses.replace(p, o_tiles=n)).smem_bytes(hd) <= _SMEM_LIMIT]
     return out
 
 
