@@ -53,7 +53,10 @@ and the per-item fixed cost (Q load, pipeline ramp, O/LSE epilogue) overlaps the
     the ``consumers + 1`` tiles in turn (tile ``(consumers * j + w) % (consumers + 1)``), so a
     consumer's next Q is loaded into another tile while it writes O through its current one; only
     the first consumer's tile, freed half a step before the second consumer finishes, gates the
-    second consumer's next Q (pallas_kernels/NOTES.md, v11).
+    second consumer's next Q (pallas_kernels/NOTES.md, v11);
+  * ``prefetch=True``: each consumer issues the GMEM loads of its next item's ``k_end`` row and key
+    range before it runs the current item, so that round trip is off the way between items (short
+    items: hd 64 causal 512 +6 %; the overlap forms lose ~1 % to the registers it holds; NOTES v14).
 With ``balanced=True`` CTA c runs ``order[c], order[c + grid], ...`` instead: the items sorted by
 KV steps, longest first, dealt in snake order (``_balanced_order``, computed in XLA from the per-tile
 key ranges), so causal tiles of unequal work even out; ``default_config`` uses it for long causal rows.
@@ -112,7 +115,11 @@ class TuningConfig:
     loaded while it still writes O through its current tile (the module docstring).
     ``alternate_gemms``: every wgmma is a ping-pong turn of its own, so the tensor cores run
     QK^T_0 QK^T_1 PV_0 PV_1 (subscript: consumer) instead of (PV QK^T)_0 (PV QK^T)_1; a refill of a
-    one-stage ring (``num_stages=1``) then has two GEMMs to land in instead of one."""
+    one-stage ring (``num_stages=1``) then has two GEMMs to land in instead of one.
+    ``prefetch`` (persistent): each consumer issues the GMEM loads of its next item's ``k_end`` row
+    and key range before running the current item, so their latency leaves the way from one item
+    to the next (a few registers more across the KV loop), and with O tiles the producer loads an
+    item's first K/V block before its Q tiles; for short items (pallas_kernels/NOTES.md, v14)."""
     block_q: int = 64        # query rows per consumer warpgroup (a CTA owns consumers * block_q)
     block_kv: int = 128      # keys per pipeline step
     num_stages: int = 2      # K/V SMEM ring depth
@@ -125,6 +132,7 @@ class TuningConfig:
     consumers: int = 2       # consumer warpgroups: 2 (ping-pong) or 3
     spare_q: bool = False    # persistent, o_tiles 0: consumers + 1 Q tiles in rotation
     alternate_gemms: bool = False  # 2 consumers, no overlap: wgmma order QK QK PV PV (``_attend``)
+    prefetch: bool = False   # persistent only: the next item's k_end loads one item ahead (class doc)
 
     def __post_init__(self):
         if self.block_q != 64:
@@ -157,6 +165,10 @@ class TuningConfig:
             raise ValueError(f"alternate_gemms must be True or False and needs the ping-pong without overlap "
                              f"(consumers=2, overlap=False), got alternate_gemms={self.alternate_gemms!r}, "
                              f"overlap={self.overlap!r}, consumers={self.consumers!r}")
+        if not isinstance(self.prefetch, bool) or (self.prefetch and not self.persistent):
+            raise ValueError(f"prefetch must be True or False and needs persistent=True (it loads the "
+                             f"persistent kernel's next item ahead), got prefetch={self.prefetch!r}, "
+                             f"persistent={self.persistent!r}")
         if isinstance(self.num_ctas, bool) or not isinstance(self.num_ctas, int) or self.num_ctas < 1:
             raise ValueError(f"num_ctas must be a positive int (CTAs of the persistent grid, at most "
                              f"one per SM is useful), got {self.num_ctas!r}")
@@ -242,12 +254,14 @@ class TuningConfig:
 # "+c3": three consumer warpgroups (192-row items), hd 64 non-causal 4k < S <= 8k, an H200 probe (NOTES "v10");
 # "+spare": a spare Q tile (``spare_q``), hd 256 up to 2k (causal 1k) keys, three H200 probes (NOTES "v11");
 # "+1stage+turns": cuDNN's hd 256 form, 128-key blocks with one K/V stage (``num_stages=1``) and the wgmmas in
-# the order QK QK PV PV (``alternate_gemms``), hd 256 non-causal past 2k keys and causal past 8k, H200 probes (NOTES "v13").
+# the order QK QK PV PV (``alternate_gemms``), hd 256 non-causal past 2k keys and causal past 8k, H200 probes (NOTES "v13");
+# "+prefetch": the next item's k_end loads one item ahead, the persistent picks without overlap at hd 64 / 128 up to
+# the lengths probed (16k non-causal at hd 64 not), H200 probes (NOTES "v14"); with overlap it measured slower.
 TUNED = {
-    (64, False): ((4096, 256, "persistent"), (8192, 128, "persistent+c3"), (None, 256, "persistent")),
-    (64, True): ((1024, 128, "persistent"), (8192, 256, "persistent"), (None, 256, "grid")),
+    (64, False): ((4096, 256, "persistent+prefetch"), (8192, 128, "persistent+c3+prefetch"), (None, 256, "persistent")),
+    (64, True): ((1024, 128, "persistent+prefetch"), (8192, 256, "persistent+prefetch"), (None, 256, "grid")),
     (128, False): ((4096, 128, "persistent+overlap"), (None, 192, "grid")),
-    (128, True): ((4096, 128, "persistent"), (None, 192, "grid")),
+    (128, True): ((4096, 128, "persistent+prefetch"), (None, 192, "grid")),
     (256, False): ((2048, 64, "persistent+overlap+spare"), (8192, 128, "grid+1stage+turns"),
                    (None, 128, "balanced+1stage+turns")),
     (256, True): ((512, 64, "persistent+spare"), (1024, 64, "persistent+overlap+spare"), (2048, 64, "persistent+overlap"),
@@ -270,7 +284,8 @@ def default_config(head_dim: int, kv_len: int | None = None, causal: bool = Fals
             break
     schedule, *flags = schedule.split("+")
     extra = dict(overlap="overlap" in flags, consumers=3 if "c3" in flags else 2, spare_q="spare" in flags,
-                 num_stages=1 if "1stage" in flags else 2, alternate_gemms="turns" in flags)
+                 num_stages=1 if "1stage" in flags else 2, alternate_gemms="turns" in flags,
+                 prefetch="prefetch" in flags)
     if schedule == "grid":
         return TuningConfig(block_kv=block_kv, **extra)
     dev = jax.devices()[0]
@@ -643,6 +658,13 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
     cta, wg = lax.axis_index("cta"), lax.axis_index("wg")
     n_items = lax.div(n_tiles * n_batch * n_heads - 1 - cta, n_ctas) + 1  # items cta, cta + n_ctas, ...
 
+    def item_ids(j):
+        """``(qi, bi, hi)`` of this CTA's j-th item (``item``)."""
+        w = cta + j * n_ctas
+        if order_ref is not None:
+            w = order_ref[w]
+        return _item_tile(w, n_tiles, n_heads)
+
     def item(j):
         """``(qi, bi, hi, n_open, n_steps)`` of this CTA's j-th item. Item order: batch slowest, then
         head, then q tile fastest, so the CTAs running at one time share a few heads' K/V in L2 (the
@@ -651,10 +673,7 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
         longest-first and of the next head shortest-first (a zigzag), so in causal attention a CTA,
         which takes every ``n_ctas``-th item, gets long and short tiles alike. ``balanced``: the
         CTA's j-th item is ``order[cta + j * n_ctas]`` instead (``_balanced_order``)."""
-        w = cta + j * n_ctas
-        if order_ref is not None:
-            w = order_ref[w]
-        qi, bi, hi = _item_tile(w, n_tiles, n_heads)
+        qi, bi, hi = item_ids(j)
         n_steps, n_open = _kv_range(kmin_ref[bi, qi], kmax_ref[bi, qi], bkv, n_kv_blocks)
         return qi, bi, hi, n_open, n_steps
 
@@ -674,14 +693,26 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
         lse_smem = lse_smem2.at[wg]
         p_smem = None if p_smem2 is None else p_smem2.at[wg]
 
-        def run_item(j, step0):
-            qi, bi, hi, n_open, n_steps = item(j)
+        def fetch(j):
+            """Item j's ids and this consumer's loads from GMEM: the tile's k_end min / max and
+            its ``k_end`` row (only loads: the arithmetic on them runs where they are used)."""
+            qi, bi, hi = item_ids(j)
+            q_base = (n_wg * qi + wg) * bq
+            return (qi, bi, hi, kmin_ref[bi, qi], kmax_ref[bi, qi],
+                    _load_kend_row(kend_ref, bi, q_base, bq))
+
+        def run_item(j, carry):
+            step0, ahead = carry
+            if cfg.prefetch:  # item j's loads were issued one item back; issue item j + 1's
+                (qi, bi, hi, kmin, kmax, kend_row), ahead = ahead, fetch(jnp.minimum(j + 1, n_items - 1))
+            else:             # their latency is on the way from one item to the next
+                qi, bi, hi, kmin, kmax, kend_row = fetch(j)
+            n_steps, n_open = _kv_range(kmin, kmax, bkv, n_kv_blocks)
             slot, ready = q_tile(j, wg)
             q_smem = q_smem2.at[slot]
             o_smem = o_smem2.at[wg] if o_tiles else q_smem
             release_q = lambda: plgpu.barrier_arrive(q_free.at[slot])
             q_base = (n_wg * qi + wg) * bq
-            kend_row = _load_kend_row(kend_ref, bi, q_base, bq)
             zero = _opaque_zero(kend_ref, bi, q_base) if stages == 1 else None  # loaded while Q arrives
             carry = _init_carry(bq, q_smem.shape[-1])
             plgpu.barrier_wait(q_ready.at[ready])
@@ -696,9 +727,9 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
             if not o_tiles:
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # O (in q_smem) read out
                 release_q()
-            return step0 + n_steps
+            return step0 + n_steps, ahead
 
-        lax.fori_loop(0, n_items, run_item, jnp.int32(0))
+        lax.fori_loop(0, n_items, run_item, (jnp.int32(0), fetch(0) if cfg.prefetch else ()))
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     @pl.when(wg == n_wg)
@@ -711,7 +742,9 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
         # the previous item's first consumers finish, the rest of its K/V, then Q of pair (j + 1, 0),
         # whose tile has been free since item j - 1 ended: a consumer's next Q is in SMEM before it
         # stores O, and no Q load waits on the item it precedes.
-        lead = 0 if o_tiles else (1 if cfg.spare_q else stages)
+        # prefetch: with O tiles too, the item's first K/V block goes first (its slot is free a step
+        # before the Q tiles are).
+        lead = int(cfg.prefetch) if o_tiles else (1 if cfg.spare_q else stages)
 
         def load_kv(step, ki, bi, gi):  # ``step`` counts K/V blocks over all of this CTA's items
             slot, kv = lax.rem(step, stages), (bi, pl.ds(ki * bkv, bkv), gi)
@@ -946,6 +979,8 @@ def main(argv=None) -> None:
     ap.add_argument("--stages", type=int, default=None, help="K/V ring depth (TuningConfig.num_stages)")
     ap.add_argument("--alternate-gemms", action="store_true",
                     help="wgmma order QK QK PV PV (TuningConfig.alternate_gemms; no --overlap)")
+    ap.add_argument("--prefetch", action="store_true",
+                    help="persistent only: the next item's k_end loads one item ahead (TuningConfig.prefetch)")
     a = ap.parse_args(argv)
     B, S, d = (1, 300, 64) if a.small else (16384 // a.seq, a.seq, a.head_dim)
     H = 2 if a.small else 2048 // d
@@ -958,6 +993,8 @@ def main(argv=None) -> None:
         cfg = with_overlap(cfg, d)
     if a.spare_q:
         cfg = dataclasses.replace(cfg, spare_q=True)
+    if a.prefetch:
+        cfg = dataclasses.replace(cfg, prefetch=True)
     if a.stages or a.alternate_gemms:
         cfg = dataclasses.replace(cfg, num_stages=a.stages or cfg.num_stages, alternate_gemms=a.alternate_gemms)
     fwd = functools.partial(flash_attention_fwd, config=cfg)
@@ -966,7 +1003,7 @@ def main(argv=None) -> None:
     err = float(jnp.linalg.norm(o.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
     print(f"B={B} S={S} H={H} d={d} causal={a.causal} persistent={cfg.persistent} "
           f"overlap={cfg.overlap} spare_q={cfg.spare_q} block_kv={cfg.block_kv} stages={cfg.num_stages} "
-          f"alternate_gemms={cfg.alternate_gemms}: "
+          f"alternate_gemms={cfg.alternate_gemms} prefetch={cfg.prefetch}: "
           f"relative error {err:.2e}")
     if not a.small:
         from jax.experimental.mosaic.gpu import profiler

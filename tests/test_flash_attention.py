@@ -202,7 +202,7 @@ def test_shared_memory_overflow_is_a_clear_error():
 
 def sched(cfg: TuningConfig) -> str:
     name = "balanced" if cfg.balanced else "persistent" if cfg.persistent else "grid"
-    return name + ("+overlap" if cfg.overlap else "") + ("+c3" if cfg.consumers == 3 else "") + ("+spare" if cfg.spare_q else "") + ("+1stage" if cfg.num_stages == 1 else "") + ("+turns" if cfg.alternate_gemms else "")
+    return name + ("+overlap" if cfg.overlap else "") + ("+c3" if cfg.consumers == 3 else "") + ("+spare" if cfg.spare_q else "") + ("+1stage" if cfg.num_stages == 1 else "") + ("+turns" if cfg.alternate_gemms else "") + ("+prefetch" if cfg.prefetch else "")
 
 
 def test_default_config_follows_the_tuned_table():
@@ -215,11 +215,13 @@ def test_default_config_follows_the_tuned_table():
         assert longest[-1] is None and longest[:-1] == sorted(longest[:-1]), (hd, causal)
         for S in (1, 512, 1024, 2048, 4096, 8192, 16384, 65536):
             assert default_config(hd, S, causal).smem_bytes(hd) <= 227 * 1024
-    for hd, S, causal, want, bkv in ((64, 512, True, "persistent", 128), (64, 1025, True, "persistent", 256),
-                                     (64, 4096, False, "persistent", 256), (64, 8192, False, "persistent+c3", 128),
+    for hd, S, causal, want, bkv in ((64, 512, True, "persistent+prefetch", 128),
+                                     (64, 1025, True, "persistent+prefetch", 256),
+                                     (64, 4096, False, "persistent+prefetch", 256),
+                                     (64, 8192, False, "persistent+c3+prefetch", 128),
                                      (64, 8193, False, "persistent", 256),
                                      (64, 16384, True, "grid", 256), (64, 16384, False, "persistent", 256),
-                                     (128, 4096, True, "persistent", 128), (128, 4097, True, "grid", 192),
+                                     (128, 4096, True, "persistent+prefetch", 128), (128, 4097, True, "grid", 192),
                                      (128, 4096, False, "persistent+overlap", 128),
                                      (128, 16384, False, "grid", 192), (256, 512, False, "persistent+overlap+spare", 64),
                                      (256, 2048, False, "persistent+overlap+spare", 64),
@@ -245,7 +247,8 @@ def test_config_and_input_validation():
                 dict(consumers=4), dict(consumers=1), dict(consumers=True),
                 dict(consumers=3, persistent=True, o_tiles=2), dict(spare_q=True), dict(spare_q=1),
                 dict(spare_q=True, persistent=True, o_tiles=2), dict(alternate_gemms=1),
-                dict(alternate_gemms=True, overlap=True), dict(alternate_gemms=True, consumers=3)):
+                dict(alternate_gemms=True, overlap=True), dict(alternate_gemms=True, consumers=3),
+                dict(prefetch=True), dict(prefetch=1, persistent=True)):
         with pytest.raises(ValueError):
             TuningConfig(**bad)
     q = jnp.zeros((1, 8, 2, 80), jnp.bfloat16)
@@ -371,6 +374,22 @@ def test_lowers_for_cuda_with_three_consumers(cfg):
     """hd 64, the table's shortest and longest rows and an odd GQA shape (``k_end`` traced)."""
     for B, T, H, S, G in ((32, 512, 32, 512, 32), (1, 16384, 32, 16384, 32), (2, 77, 6, 301, 2)):
         q, k = (jax.ShapeDtypeStruct((B, n, h, 64), jnp.bfloat16) for n, h in ((T, H), (S, G)))
+        assert "mosaic_gpu" in _lowered_for_cuda(cfg, q, k)
+
+
+PREFETCH = [(64, TuningConfig(block_kv=128, persistent=True, prefetch=True)),
+            (64, TuningConfig(block_kv=256, persistent=True, prefetch=True)),
+            (128, TuningConfig(block_kv=128, persistent=True, prefetch=True)),
+            (128, TuningConfig(block_kv=128, persistent=True, overlap=True, prefetch=True)),
+            (256, TuningConfig(block_kv=64, persistent=True, spare_q=True, overlap=True, prefetch=True))]
+
+
+@pytest.mark.parametrize("hd,cfg", [pytest.param(hd, c, id=f"hd{hd}-kv{c.block_kv}-{sched(c)}") for hd, c in PREFETCH])
+def test_lowers_for_cuda_with_prefetch(hd, cfg):
+    """The table's shortest and longest rows at the head dim and an odd GQA shape (``k_end`` traced)."""
+    for B, T, H, S, G in ((32, 512, 2048 // hd, 512, 2048 // hd), (1, 16384, 2048 // hd, 16384, 2048 // hd),
+                          (2, 77, 6, 301, 2)):
+        q, k = (jax.ShapeDtypeStruct((B, n, h, hd), jnp.bfloat16) for n, h in ((T, H), (S, G)))
         assert "mosaic_gpu" in _lowered_for_cuda(cfg, q, k)
 
 
@@ -597,6 +616,37 @@ def test_interpreter_one_stage_matches_reference(extra, mode, shape):
     _interpret_vs_reference(dataclasses.replace(INTERP, num_stages=1, **extra), mode, shape)
 
 
+PREFETCH_INTERP = dataclasses.replace(INTERP, persistent=True, prefetch=True)
+
+
+@pytest.mark.parametrize("extra,mode,shape", [
+    (dict(num_ctas=1), "none", (1, 128, 2, 128, 2, 64)),              # one CTA, 2 items: the last fetch is clamped
+    (dict(num_ctas=3), "top_left", (1, 200, 2, 200, 1, 64)),          # 1-2 items per CTA, K/V before Q (O tiles)
+    (dict(num_ctas=3), "bottom_right", (2, 70, 4, 300, 2, 64)),       # GQA, per-sequence kv lengths
+    (dict(num_ctas=2, balanced=True), "top_left", (2, 400, 2, 400, 1, 64)),  # the order read from GMEM
+    (dict(num_ctas=2, o_tiles=0), "positions", (2, 9, 3, 130, 1, 64)),      # O in Q's SMEM: Q first
+    (dict(num_ctas=2, spare_q=True), "bottom_right", (1, 130, 2, 190, 1, 128)),  # hd 256's form (its P SMEM: no room)
+    (dict(num_ctas=3, overlap=True), "top_left", (1, 300, 2, 350, 1, 64)),
+    (dict(num_ctas=2, consumers=3), "top_left", (1, 400, 2, 400, 1, 64)),
+    (dict(num_ctas=2, num_stages=1, alternate_gemms=True), "none", (1, 200, 2, 330, 1, 64))])
+def test_interpreter_prefetch_matches_reference(extra, mode, shape):
+    """``prefetch``: each consumer's next item's ``k_end`` loads issued one item ahead, and with O
+    tiles the item's first K/V block loaded before its Q tiles, across the persistent forms."""
+    _interpret_vs_reference(dataclasses.replace(PREFETCH_INTERP, **extra), mode, shape)
+
+
+@pytest.mark.parametrize("extra,shape", [(dict(num_ctas=1), (1, 256, 1, 256, 1, 64)),
+                                         (dict(num_ctas=2, o_tiles=0), (2, 300, 1, 300, 1, 64))])
+def test_interpreter_prefetch_finds_no_races(extra, shape):
+    B, T, H, S, G, d = shape
+    q, k, v = _inputs(5, *shape, jnp.float16)
+    kend = _kend("top_left", B, T, S)
+    with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams(detect_races=True)):
+        o, lse = flash_attention_fwd(q, k, v, kend, config=dataclasses.replace(PREFETCH_INTERP, **extra))
+        assert not get_races().races_found
+    _check_close(q, k, v, kend, o, lse, tol=2e-3)
+
+
 def test_custom_vjp_in_interpreter_matches_grad_of_reference():
     B, T, H, S, G, d = 1, 64, 2, 100, 1, 64
     q, k, v = _inputs(6, B, T, H, S, G, d, jnp.float32)
@@ -724,6 +774,22 @@ def test_gpu_spare_q_varlen_padding_rows_and_grad(cfg):
     _gpu_varlen_and_grad(cfg, 256)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("hd,cfg", [pytest.param(hd, c, id=f"hd{hd}-kv{c.block_kv}-{sched(c)}") for hd, c in PREFETCH])
+def test_gpu_prefetch_matches_float32_reference(hd, cfg, mode):
+    """``prefetch`` (ids ``+prefetch``), P in registers, at every head dim; fp16 too."""
+    _gpu_vs_reference(cfg, "bfloat16", hd, mode)
+    if mode == "bottom_right":
+        _gpu_vs_reference(cfg, "float16", hd, mode)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hd,cfg", [pytest.param(hd, c, id=f"hd{hd}-{sched(c)}") for hd, c in PREFETCH[::2]])
+def test_gpu_prefetch_varlen_padding_rows_and_grad(hd, cfg):
+    _gpu_varlen_and_grad(cfg, hd)
+
+
 def _gpu_vs_reference(cfg, dtype, hd, mode):
     """GQA (H / G per head dim: REP), odd lengths, every causal mode; outputs poisoned first."""
     G = 2
@@ -787,9 +853,10 @@ def test_probe_labels_round_trip(monkeypatch):
     import pathlib
     monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
     from tune_fa3 import label, parse_label
-    for text in ("128/2/G", "64/2/P+O/o0", "128/1/P/s1/a1", "128/1/B/a1", "128/2/P/c3", "64/2/B+O/s1"):
+    for text in ("128/2/G", "64/2/P+O/o0", "128/1/P/s1/a1", "128/1/B/a1", "128/2/P/c3", "64/2/B+O/s1", "128/2/P/f1"):
         cfg = parse_label(text, 132)
         assert label(cfg) == text and parse_label(label(cfg), 132) == cfg, text
     assert parse_label("128/1/G/a1", 132).alternate_gemms and not parse_label("128/1/G", 132).alternate_gemms
+    assert parse_label("128/2/P/f1", 132).prefetch and not parse_label("128/2/P", 132).prefetch
     with pytest.raises(ValueError, match="not a config label"):
         parse_label("128/1/G/x1", 132)
