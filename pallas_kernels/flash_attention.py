@@ -736,14 +736,15 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
     def _producer():
         plgpu.set_max_registers(producer_regs, action="decrease")
         # q_free completes when the item's Q SMEM may be refilled: at its last QK^T with O tiles of
-        # its own (then Q goes first), after its O store otherwise (then the first K/V blocks go first).
+        # its own (then Q goes first, after one K/V block with prefetch), after its O store otherwise
+        # (then the first K/V blocks go first).
         # spare_q: Q of pair n = (item j, consumer w), n = n_wg * j + w, goes to tile n % n_q, freed by
         # pair n - n_q's O store. Item j loads its first K/V block, then Q of pairs (j, 1..), freed as
         # the previous item's first consumers finish, the rest of its K/V, then Q of pair (j + 1, 0),
         # whose tile has been free since item j - 1 ended: a consumer's next Q is in SMEM before it
         # stores O, and no Q load waits on the item it precedes.
-        # prefetch: with O tiles too, the item's first K/V block goes first (its slot is free a step
-        # before the Q tiles are).
+        # prefetch with O tiles: the item's first K/V block goes first, its slot is free a step before
+        # the Q tiles are (pallas_kernels/NOTES.md, v14).
         lead = int(cfg.prefetch) if o_tiles else (1 if cfg.spare_q else stages)
 
         def load_kv(step, ki, bi, gi):  # ``step`` counts K/V blocks over all of this CTA's items
