@@ -92,7 +92,7 @@ def test_lowers_for_cuda_every_benchmark_config(hd, dtype, persistent):
 @pytest.mark.parametrize("dtype", ("bfloat16", "float16"))
 def test_lowers_for_cuda_the_tuned_picks_unlike_the_base_blocks(dtype):
     """The rows of the table whose tuned pick is neither the base config nor its persistent form
-    (hd64 causal S <= 1k: 128-key blocks; the balanced schedule at long causal S)."""
+    (hd64 causal S <= 1k: 128-key blocks; the balanced schedule at long causal S; ``prefetch``)."""
     base = lambda hd: {dataclasses.replace(default_config(hd), persistent=p) for p in (False, True)}
     rows = [(hd, S) for hd in (64, 128, 256) for S in (512, 1024, 2048, 4096, 8192, 16384)
             if dataclasses.replace(default_config(hd, S, True), num_ctas=132) not in base(hd)]
