@@ -2,7 +2,7 @@
 # One device call (GPU machine, repo root, carry .whl): TuningConfig(prefetch_row=False), the next item's key range
 # loaded ahead without its k_end row, on the persistent forms with overlap (pallas_kernels/NOTES.md v15): its GPU
 # tests, a racecheck (2 CTAs, overlap), then a probe against the default and full prefetch on the rows that use
-# those forms. Output: $OUT/bounds_log.txt.
+# those forms. Output: $OUT/bounds_log.txt. Runs at commit 04d9639 (the option was reverted after it: NOTES v15).
 set -uo pipefail
 source benchmarks/device_lib.sh
 probe_setup /tmp/out bounds_log.txt

@@ -75,14 +75,13 @@ def o_tile_candidates(pick: TuningConfig, hd: int) -> list[TuningConfig]:
 def parse_label(text: str, sms: int, config_type=TuningConfig) -> TuningConfig:
     """The inverse of ``label``: ``"128/2/P+O/o0"`` -> TuningConfig(block_kv=128, num_stages=2,
     persistent=True, overlap=True, o_tiles=0, num_ctas=sms); a ``/c3`` suffix: 3 consumers, ``/s1``:
-    ``spare_q``, ``/a1``: ``alternate_gemms``, ``/f1``: ``prefetch``, ``/r0``: ``prefetch_row=False``."""
+    ``spare_q``, ``/a1``: ``alternate_gemms``, ``/f1``: ``prefetch``."""
     bkv, stages, sched, *rest = text.split("/")
     sched, _, ov = sched.partition("+")
-    keys = {"o": "o_tiles", "c": "consumers", "s": "spare_q", "a": "alternate_gemms", "f": "prefetch",
-            "r": "prefetch_row"}
+    keys = {"o": "o_tiles", "c": "consumers", "s": "spare_q", "a": "alternate_gemms", "f": "prefetch"}
     if sched not in ("G", "P", "B") or ov not in ("", "O") or any(r[:1] not in keys or not r[1:].isdigit() for r in rest):
-        raise ValueError(f"not a config label (block_kv/num_stages/G|P|B[+O][/oN][/cN][/s1][/a1][/f1][/r0]): {text!r}")
-    extra = {keys[r[0]]: bool(int(r[1:])) if r[0] in "safr" else int(r[1:]) for r in rest}
+        raise ValueError(f"not a config label (block_kv/num_stages/G|P|B[+O][/oN][/cN][/s1][/a1][/f1]): {text!r}")
+    extra = {keys[r[0]]: bool(int(r[1:])) if r[0] in "saf" else int(r[1:]) for r in rest}
     return config_type(block_kv=int(bkv), num_stages=int(stages), persistent=sched != "G",
                        balanced=sched == "B", overlap=ov == "O", num_ctas=sms, **extra)
 
@@ -93,7 +92,7 @@ def label(cfg: TuningConfig) -> str:
     consumers = "" if cfg.consumers == 2 else f"/c{cfg.consumers}"
     spare = "/s1" if cfg.spare_q else ""
     turns = "/a1" if cfg.alternate_gemms else ""
-    prefetch = ("/f1" if cfg.prefetch else "") + ("" if cfg.prefetch_row else "/r0")
+    prefetch = "/f1" if cfg.prefetch else ""
     return (f"{cfg.block_kv}/{cfg.num_stages}/{sched}{'+O' if cfg.overlap else ''}{o_tiles}{consumers}{spare}"
             f"{turns}{prefetch}")
 

@@ -119,9 +119,7 @@ class TuningConfig:
     ``prefetch`` (persistent): each consumer issues the GMEM loads of its next item's ``k_end`` row
     and key range before running the current item, so their latency leaves the way from one item
     to the next (a few registers more across the KV loop), and with O tiles the producer loads an
-    item's first K/V block before its Q tiles; for short items (pallas_kernels/NOTES.md, v14).
-    ``prefetch_row=False`` loads only the next item's key range (two scalars) ahead and the ``k_end``
-    row at the item's start, which keeps the row's registers free across the KV loop (v15)."""
+    item's first K/V block before its Q tiles; for short items (pallas_kernels/NOTES.md, v14)."""
     block_q: int = 64        # query rows per consumer warpgroup (a CTA owns consumers * block_q)
     block_kv: int = 128      # keys per pipeline step
     num_stages: int = 2      # K/V SMEM ring depth
@@ -135,7 +133,6 @@ class TuningConfig:
     spare_q: bool = False    # persistent, o_tiles 0: consumers + 1 Q tiles in rotation
     alternate_gemms: bool = False  # 2 consumers, no overlap: wgmma order QK QK PV PV (``_attend``)
     prefetch: bool = False   # persistent only: the next item's k_end loads one item ahead (class doc)
-    prefetch_row: bool = True  # with prefetch: the k_end row too (False: only the key range; class doc)
 
     def __post_init__(self):
         if self.block_q != 64:
@@ -172,10 +169,6 @@ class TuningConfig:
             raise ValueError(f"prefetch must be True or False and needs persistent=True (it loads the "
                              f"persistent kernel's next item ahead), got prefetch={self.prefetch!r}, "
                              f"persistent={self.persistent!r}")
-        if not isinstance(self.prefetch_row, bool) or (not self.prefetch_row and not self.prefetch):
-            raise ValueError(f"prefetch_row must be True or False, and False needs prefetch=True (it picks "
-                             f"what prefetch loads ahead), got prefetch_row={self.prefetch_row!r}, "
-                             f"prefetch={self.prefetch!r}")
         if isinstance(self.num_ctas, bool) or not isinstance(self.num_ctas, int) or self.num_ctas < 1:
             raise ValueError(f"num_ctas must be a positive int (CTAs of the persistent grid, at most "
                              f"one per SM is useful), got {self.num_ctas!r}")
@@ -292,7 +285,7 @@ def default_config(head_dim: int, kv_len: int | None = None, causal: bool = Fals
     schedule, *flags = schedule.split("+")
     extra = dict(overlap="overlap" in flags, consumers=3 if "c3" in flags else 2, spare_q="spare" in flags,
                  num_stages=1 if "1stage" in flags else 2, alternate_gemms="turns" in flags,
-                 prefetch="prefetch" in flags or "bounds" in flags, prefetch_row="bounds" not in flags)
+                 prefetch="prefetch" in flags)
     if schedule == "grid":
         return TuningConfig(block_kv=block_kv, **extra)
     dev = jax.devices()[0]
@@ -700,27 +693,26 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
         lse_smem = lse_smem2.at[wg]
         p_smem = None if p_smem2 is None else p_smem2.at[wg]
 
-        def fetch(j, row=True):
-            """Item j's ids and this consumer's loads from GMEM: the tile's k_end min / max and,
-            with ``row``, its ``k_end`` row (only loads: the arithmetic on them runs where they are used)."""
+        def fetch(j):
+            """Item j's ids and this consumer's loads from GMEM: the tile's k_end min / max and
+            its ``k_end`` row (only loads: the arithmetic on them runs where they are used)."""
             qi, bi, hi = item_ids(j)
-            row = (_load_kend_row(kend_ref, bi, (n_wg * qi + wg) * bq, bq),) if row else ()
-            return (qi, bi, hi, kmin_ref[bi, qi], kmax_ref[bi, qi], *row)
+            q_base = (n_wg * qi + wg) * bq
+            return (qi, bi, hi, kmin_ref[bi, qi], kmax_ref[bi, qi],
+                    _load_kend_row(kend_ref, bi, q_base, bq))
 
         def run_item(j, carry):
             step0, ahead = carry
             if cfg.prefetch:  # item j's loads were issued one item back; issue item j + 1's
-                (qi, bi, hi, kmin, kmax, *row), ahead = ahead, fetch(jnp.minimum(j + 1, n_items - 1),
-                                                                     cfg.prefetch_row)
+                (qi, bi, hi, kmin, kmax, kend_row), ahead = ahead, fetch(jnp.minimum(j + 1, n_items - 1))
             else:             # their latency is on the way from one item to the next
-                qi, bi, hi, kmin, kmax, *row = fetch(j)
-            q_base = (n_wg * qi + wg) * bq
-            kend_row = row[0] if row else _load_kend_row(kend_ref, bi, q_base, bq)
+                qi, bi, hi, kmin, kmax, kend_row = fetch(j)
             n_steps, n_open = _kv_range(kmin, kmax, bkv, n_kv_blocks)
             slot, ready = q_tile(j, wg)
             q_smem = q_smem2.at[slot]
             o_smem = o_smem2.at[wg] if o_tiles else q_smem
             release_q = lambda: plgpu.barrier_arrive(q_free.at[slot])
+            q_base = (n_wg * qi + wg) * bq
             zero = _opaque_zero(kend_ref, bi, q_base) if stages == 1 else None  # loaded while Q arrives
             carry = _init_carry(bq, q_smem.shape[-1])
             plgpu.barrier_wait(q_ready.at[ready])
@@ -737,7 +729,7 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
                 release_q()
             return step0 + n_steps, ahead
 
-        lax.fori_loop(0, n_items, run_item, (jnp.int32(0), fetch(0, cfg.prefetch_row) if cfg.prefetch else ()))
+        lax.fori_loop(0, n_items, run_item, (jnp.int32(0), fetch(0) if cfg.prefetch else ()))
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     @pl.when(wg == n_wg)
@@ -990,8 +982,6 @@ def main(argv=None) -> None:
                     help="wgmma order QK QK PV PV (TuningConfig.alternate_gemms; no --overlap)")
     ap.add_argument("--prefetch", action="store_true",
                     help="persistent only: the next item's k_end loads one item ahead (TuningConfig.prefetch)")
-    ap.add_argument("--prefetch-bounds", action="store_true",
-                    help="as --prefetch, but only the key range ahead (TuningConfig.prefetch_row=False)")
     a = ap.parse_args(argv)
     B, S, d = (1, 300, 64) if a.small else (16384 // a.seq, a.seq, a.head_dim)
     H = 2 if a.small else 2048 // d
@@ -1004,8 +994,8 @@ def main(argv=None) -> None:
         cfg = with_overlap(cfg, d)
     if a.spare_q:
         cfg = dataclasses.replace(cfg, spare_q=True)
-    if a.prefetch or a.prefetch_bounds:
-        cfg = dataclasses.replace(cfg, prefetch=True, prefetch_row=not a.prefetch_bounds)
+    if a.prefetch:
+        cfg = dataclasses.replace(cfg, prefetch=True)
     if a.stages or a.alternate_gemms:
         cfg = dataclasses.replace(cfg, num_stages=a.stages or cfg.num_stages, alternate_gemms=a.alternate_gemms)
     fwd = functools.partial(flash_attention_fwd, config=cfg)
@@ -1014,7 +1004,7 @@ def main(argv=None) -> None:
     err = float(jnp.linalg.norm(o.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
     print(f"B={B} S={S} H={H} d={d} causal={a.causal} persistent={cfg.persistent} "
           f"overlap={cfg.overlap} spare_q={cfg.spare_q} block_kv={cfg.block_kv} stages={cfg.num_stages} "
-          f"alternate_gemms={cfg.alternate_gemms} prefetch={cfg.prefetch} prefetch_row={cfg.prefetch_row}: "
+          f"alternate_gemms={cfg.alternate_gemms} prefetch={cfg.prefetch}: "
           f"relative error {err:.2e}")
     if not a.small:
         from jax.experimental.mosaic.gpu import profiler

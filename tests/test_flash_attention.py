@@ -202,7 +202,7 @@ def test_shared_memory_overflow_is_a_clear_error():
 
 def sched(cfg: TuningConfig) -> str:
     name = "balanced" if cfg.balanced else "persistent" if cfg.persistent else "grid"
-    return name + ("+overlap" if cfg.overlap else "") + ("+c3" if cfg.consumers == 3 else "") + ("+spare" if cfg.spare_q else "") + ("+1stage" if cfg.num_stages == 1 else "") + ("+turns" if cfg.alternate_gemms else "") + ("+prefetch" if cfg.prefetch else "") + ("" if cfg.prefetch_row else "+bounds")
+    return name + ("+overlap" if cfg.overlap else "") + ("+c3" if cfg.consumers == 3 else "") + ("+spare" if cfg.spare_q else "") + ("+1stage" if cfg.num_stages == 1 else "") + ("+turns" if cfg.alternate_gemms else "") + ("+prefetch" if cfg.prefetch else "")
 
 
 def test_default_config_follows_the_tuned_table():
@@ -248,8 +248,7 @@ def test_config_and_input_validation():
                 dict(consumers=3, persistent=True, o_tiles=2), dict(spare_q=True), dict(spare_q=1),
                 dict(spare_q=True, persistent=True, o_tiles=2), dict(alternate_gemms=1),
                 dict(alternate_gemms=True, overlap=True), dict(alternate_gemms=True, consumers=3),
-                dict(prefetch=True), dict(prefetch=1, persistent=True), dict(prefetch_row=False, persistent=True),
-                dict(prefetch_row=0, prefetch=True, persistent=True)):
+                dict(prefetch=True), dict(prefetch=1, persistent=True)):
         with pytest.raises(ValueError):
             TuningConfig(**bad)
     q = jnp.zeros((1, 8, 2, 80), jnp.bfloat16)
@@ -382,11 +381,7 @@ PREFETCH = [(64, TuningConfig(block_kv=128, persistent=True, prefetch=True)),
             (64, TuningConfig(block_kv=256, persistent=True, prefetch=True)),
             (128, TuningConfig(block_kv=128, persistent=True, prefetch=True)),
             (128, TuningConfig(block_kv=128, persistent=True, overlap=True, prefetch=True)),
-            (256, TuningConfig(block_kv=64, persistent=True, spare_q=True, overlap=True, prefetch=True)),
-            # only the key range ahead (prefetch_row=False), the forms with overlap
-            (128, TuningConfig(block_kv=128, persistent=True, overlap=True, prefetch=True, prefetch_row=False)),
-            (256, TuningConfig(block_kv=64, persistent=True, spare_q=True, overlap=True, prefetch=True,
-                               prefetch_row=False))]
+            (256, TuningConfig(block_kv=64, persistent=True, spare_q=True, overlap=True, prefetch=True))]
 
 
 @pytest.mark.parametrize("hd,cfg", [pytest.param(hd, c, id=f"hd{hd}-kv{c.block_kv}-{sched(c)}") for hd, c in PREFETCH])
@@ -539,10 +534,9 @@ def test_interpreter_rows_that_see_no_key(config):
     (dataclasses.replace(PERSIST(1), spare_q=True), (2, 300, 1, 300, 1, 64), "top_left"),  # 6 items, 12 Q loads
     (dataclasses.replace(PERSIST(1), prefetch=True), (1, 256, 1, 256, 1, 64), "top_left"),  # K/V before Q
     (dataclasses.replace(PERSIST(2), prefetch=True, o_tiles=0), (2, 300, 1, 300, 1, 64), "top_left"),
-    (dataclasses.replace(PERSIST(2), prefetch=True, prefetch_row=False), (2, 300, 1, 300, 1, 64), "top_left"),
 ], ids=["grid", "persistent", "persistent-hd256", "persistent-balanced", "overlap-grid", "overlap-persistent",
         "overlap-persistent-hd256", "3-consumers-persistent", "3-consumers-overlap-grid", "spare-q", "prefetch",
-        "prefetch-o-in-q", "prefetch-bounds"])
+        "prefetch-o-in-q"])
 def test_interpreter_finds_no_races(config, shape, mode):
     B, T, H, S, G, d = shape
     q, k, v = _inputs(5, *shape, jnp.float16)
@@ -637,15 +631,10 @@ PREFETCH_INTERP = dataclasses.replace(INTERP, persistent=True, prefetch=True)
     (dict(num_ctas=2, spare_q=True), "bottom_right", (1, 130, 2, 190, 1, 128)),  # hd 256's form (its P SMEM: no room)
     (dict(num_ctas=3, overlap=True), "top_left", (1, 300, 2, 350, 1, 64)),
     (dict(num_ctas=2, consumers=3), "top_left", (1, 400, 2, 400, 1, 64)),
-    (dict(num_ctas=2, num_stages=1, alternate_gemms=True), "none", (1, 200, 2, 330, 1, 64)),
-    # prefetch_row=False: only the key range ahead, the k_end row loaded at the item's start
-    (dict(num_ctas=1, prefetch_row=False), "none", (1, 128, 2, 128, 2, 64)),
-    (dict(num_ctas=3, overlap=True, prefetch_row=False), "bottom_right", (2, 70, 4, 300, 2, 64)),
-    (dict(num_ctas=2, spare_q=True, prefetch_row=False), "top_left", (1, 130, 2, 130, 1, 128))])
+    (dict(num_ctas=2, num_stages=1, alternate_gemms=True), "none", (1, 200, 2, 330, 1, 64))])
 def test_interpreter_prefetch_matches_reference(extra, mode, shape):
-    """``prefetch``: each consumer's next item's ``k_end`` loads issued one item ahead (with
-    ``prefetch_row=False`` only its key range), and with O tiles the item's first K/V block loaded
-    before its Q tiles, across the persistent forms."""
+    """``prefetch``: each consumer's next item's ``k_end`` loads issued one item ahead, and with O
+    tiles the item's first K/V block loaded before its Q tiles, across the persistent forms."""
     _interpret_vs_reference(dataclasses.replace(PREFETCH_INTERP, **extra), mode, shape)
 
 
@@ -855,12 +844,10 @@ def test_probe_labels_round_trip(monkeypatch):
     import pathlib
     monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
     from tune_fa3 import label, parse_label
-    for text in ("128/2/G", "64/2/P+O/o0", "128/1/P/s1/a1", "128/1/B/a1", "128/2/P/c3", "64/2/B+O/s1", "128/2/P/f1",
-                 "128/2/P+O/f1/r0"):
+    for text in ("128/2/G", "64/2/P+O/o0", "128/1/P/s1/a1", "128/1/B/a1", "128/2/P/c3", "64/2/B+O/s1", "128/2/P/f1"):
         cfg = parse_label(text, 132)
         assert label(cfg) == text and parse_label(label(cfg), 132) == cfg, text
     assert parse_label("128/1/G/a1", 132).alternate_gemms and not parse_label("128/1/G", 132).alternate_gemms
     assert parse_label("128/2/P/f1", 132).prefetch and not parse_label("128/2/P", 132).prefetch
-    assert not parse_label("128/2/P/f1/r0", 132).prefetch_row and parse_label("128/2/P/f1", 132).prefetch_row
     with pytest.raises(ValueError, match="not a config label"):
         parse_label("128/1/G/x1", 132)
