@@ -851,3 +851,25 @@ def test_probe_labels_round_trip(monkeypatch):
     assert parse_label("128/2/P/f1", 132).prefetch and not parse_label("128/2/P", 132).prefetch
     with pytest.raises(ValueError, match="not a config label"):
         parse_label("128/1/G/x1", 132)
+
+
+def test_bench_fa3_times_each_row_in_rounds_of_alternating_order(monkeypatch):
+    """``bench_fa3.measure_row``: the implementations take turns, the order reversed every round, so a
+    slowdown of whichever runs first in a round falls on each alike; a failure makes that one None."""
+    import pathlib
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_fa3 import measure_row
+    calls = []
+
+    def first_is_slow(fn, args, iters):  # two implementations: odd calls open a round
+        calls.append(fn)
+        return 1.5 if len(calls) % 2 else 1.0
+
+    assert measure_row({"a": "A", "b": "B"}, None, 20, 4, measure=first_is_slow) == {"a": 1.25, "b": 1.25}
+    assert calls == ["A", "B", "B", "A", "A", "B", "B", "A"]
+    calls.clear()
+    b_fails = lambda fn, args, iters: calls.append(fn) or (None if fn == "B" else 1.0)
+    assert measure_row({"a": "A", "b": "B"}, None, 20, 3, measure=b_fails) == {"a": 1.0, "b": None}
+    assert calls == ["A", "B", "A", "A"]
+    with pytest.raises(ValueError, match="rounds"):
+        measure_row({"a": "A"}, None, 20, 0)
