@@ -179,7 +179,8 @@ def _write(rows, dev, out_dir, command, quiet=False, persistent_ctas=None, tag="
                   + f"{fmt(r['cudnn_tflops'])} | {fmt(r['jax_mgpu_tflops'])} | "
                   f"{ratio(r['specjax_tflops'], r['cudnn_tflops'])} |" + ov)
     for path, text in ((base + ".json", json.dumps(doc, indent=1)),
-                       (base + ".md", f"{dev.device_kind}, jax {jax.__version__}, {date}, TFLOPS\n\n"
+                       (base + ".md", f"{dev.device_kind}, jax {jax.__version__}, {date}, TFLOPS "
+                        f"(median of {rounds} timing rounds)\n\n"
                         + "\n".join(md) + "\n")):
         atomic_write_text(path, text)
     if not quiet:
