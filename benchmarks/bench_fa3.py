@@ -81,11 +81,12 @@ def _measure(fn, args, iters: int) -> float | None:
 
 
 def measure_row(impls: dict, args, iters: int, rounds: int, measure=_measure) -> dict:
-    """``{name: ms or None}``: the median over ``rounds`` of ``measure(fn, args, iters)``. The
-    implementations take turns, in ``impls``' order in even rounds and reversed in odd ones, so none is
-    always timed first in its row: in the tables up to v14 (specjax always first) several rows ran up
-    to ~10 % below their probe figures for specjax and up to ~5 % for cuDNN (pallas_kernels/NOTES.md
-    v15; the order is a suspect, not a proven cause). One that fails once is None."""
+    """``{name: [ms of each round] or None}`` from ``measure(fn, args, iters)``; the table reports the
+    median and keeps the rounds. The implementations take turns, in ``impls``' order in even rounds
+    and reversed in odd ones, so none is always timed first in its row: in the tables up to v14
+    (specjax always first) several rows ran up to ~10 % below their probe figures for specjax and up
+    to ~5 % for cuDNN (pallas_kernels/NOTES.md v15; the order is a suspect, not a proven cause). One
+    that fails once is None."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1 (timing rounds per row), got {rounds}")
     names, times = list(impls), {n: [] for n in impls}
@@ -94,7 +95,7 @@ def measure_row(impls: dict, args, iters: int, rounds: int, measure=_measure) ->
             if times[name] is not None:
                 t = measure(impls[name], args, iters)
                 times[name] = None if t is None else times[name] + [t]
-    return {n: None if t is None else statistics.median(t) for n, t in times.items()}
+    return times
 
 
 def main(argv=None) -> None:
@@ -144,7 +145,9 @@ def main(argv=None) -> None:
             if name in VARIANTS and not ctas:
                 continue
             ms = timed.get(name)
-            row[f"{name}_tflops"] = None if ms is None else round(flops / ms / 1e9, 1)
+            row[f"{name}_tflops"] = None if not ms else round(flops / statistics.median(ms) / 1e9, 1)
+            if args.rounds > 1:  # even rounds: specjax timed first in the row, odd ones: last
+                row[f"{name}_tflops_rounds"] = None if not ms else [round(flops / t / 1e9, 1) for t in ms]
         print(row, flush=True)
         rows.append(row)
         _write(rows, dev, args.out, " ".join(["python3", *sys.argv]), quiet=len(rows) < len(jobs),

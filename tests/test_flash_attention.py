@@ -858,6 +858,7 @@ def test_bench_fa3_times_each_row_in_rounds_of_alternating_order(monkeypatch):
     slowdown of whichever runs first in a round falls on each alike; a failure makes that one None."""
     import pathlib
     monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    import statistics
     from bench_fa3 import measure_row
     calls = []
 
@@ -865,11 +866,13 @@ def test_bench_fa3_times_each_row_in_rounds_of_alternating_order(monkeypatch):
         calls.append(fn)
         return 1.5 if len(calls) % 2 else 1.0
 
-    assert measure_row({"a": "A", "b": "B"}, None, 20, 4, measure=first_is_slow) == {"a": 1.25, "b": 1.25}
+    times = measure_row({"a": "A", "b": "B"}, None, 20, 4, measure=first_is_slow)
+    assert times == {"a": [1.5, 1.0, 1.5, 1.0], "b": [1.0, 1.5, 1.0, 1.5]}
     assert calls == ["A", "B", "B", "A", "A", "B", "B", "A"]
+    assert statistics.median(times["a"]) == statistics.median(times["b"]) == 1.25
     calls.clear()
     b_fails = lambda fn, args, iters: calls.append(fn) or (None if fn == "B" else 1.0)
-    assert measure_row({"a": "A", "b": "B"}, None, 20, 3, measure=b_fails) == {"a": 1.0, "b": None}
+    assert measure_row({"a": "A", "b": "B"}, None, 20, 3, measure=b_fails) == {"a": [1.0, 1.0, 1.0], "b": None}
     assert calls == ["A", "B", "A", "A"]
     with pytest.raises(ValueError, match="rounds"):
         measure_row({"a": "A"}, None, 20, 0)
