@@ -28,7 +28,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from bench_fa3 import _measure, _try_compile
+from bench_fa3 import _try_compile, measure_row
 from common import device_name
 from pallas_kernels.flash_attention import (_SMEM_LIMIT, TuningConfig, default_config, flash_attention_fwd,
                                             key_end, max_overlap_block_kv, with_overlap)
@@ -140,10 +140,8 @@ def main(argv=None) -> None:
         list(pool.map(lambda jf: _try_compile(*jf), [(f, j["qkv"]) for j in jobs for f in j["fns"].values()]))
     rows = []
     for j in jobs:
-        tf = {}
-        for name, fn in j["fns"].items():
-            ms = _measure(fn, j["qkv"], args.iters)
-            tf[name] = None if ms is None else round(j["flops"] / ms / 1e9, 1)
+        timed = measure_row(j["fns"], j["qkv"], args.iters, rounds=1)  # one round: the configs in a fixed order
+        tf = {name: None if ms is None else round(j["flops"] / ms[0] / 1e9, 1) for name, ms in timed.items()}
         cud = tf.pop("cudnn")
         ok = {k: v for k, v in tf.items() if v}
         best = max(ok, key=ok.get)
