@@ -10,6 +10,8 @@ tau (mean accepted length, bonus included), tokens/s, the ratio to AR measured i
 and how many outputs equal AR greedy in bf16. ``--batches`` adds batch throughput (spec over AR).
 ``eagle3:t31`` (or ``medusa:t15``, ...) in ``--methods`` drafts the head's fitted static tree of 31 nodes
 (``trees.json`` beside the head; K in the table is then the node count).
+``eagle3:7+ttft`` runs a method as two programs with the first token timed (mean ``ttft_ms`` in the JSON;
+~4-5 ms more per request than the default one program, benchmarks/NOTES.md item 32).
 ``--head own=FOLDER`` makes ``own:K`` in ``--methods`` a Medusa or EAGLE-3 head loaded from FOLDER (kind from
 its config.json) instead of the shipped one, so two heads are measured against one AR run.
 ``--compute float32`` runs the target with float32 matmul operands (bf16 weights upcast inside each
@@ -48,27 +50,28 @@ def head_option(text: str) -> tuple[str, tuple[str, str]]:
 
 
 def parse_spec(spec: str) -> tuple[str, int, int | None]:
-    """``method[:K]`` or ``method:tN`` -> (method, K, tree nodes or None)."""
-    method, _, k = spec.partition(":")
+    """``method[:K]`` or ``method:tN`` -> (method, K, tree nodes or None); a ``+ttft`` suffix is read by ``main``."""
+    method, _, k = spec.removesuffix("+ttft").partition(":")
     if k.startswith("t"):
         return method, int(k[1:]), int(k[1:])
     return method, int(k or 0), None
 
 
 def method_call(params, cfg, method: str, k: int, max_new: int, layerskip: int | None, heads: dict | None = None,
-                tree: int | None = None):
+                tree: int | None = None, ttft: bool = False):
     """prompts -> result for one method, prompts padded to PAD (one compilation per method and batch).
-    ``heads``: --head labels -> (method, folder); ``tree``: the head's fitted tree of that many nodes."""
+    ``heads``: --head labels -> (method, folder); ``tree``: the head's fitted tree of that many nodes;
+    ``ttft``: prefill and loop as two programs, the first token timed (``speculative_generate(ttft=True)``)."""
     if method == "ar":
         return lambda ps: generate(params, cfg, ps, max_new_tokens=max_new, pad_to=PAD)
     method, folder = (heads or {}).get(method, (method, None))
     return lambda ps: engine.run(params, cfg, ps, method=method, num_draft=k, max_new_tokens=max_new,
-                                 layerskip_layers=layerskip, draft_model=folder, pad_to=PAD, tree=tree)
+                                 layerskip_layers=layerskip, draft_model=folder, pad_to=PAD, tree=tree, ttft=ttft)
 
 
 def run_method(params, cfg, prompts, method: str, k: int, max_new: int, layerskip: int | None, heads=None,
-               tree: int | None = None):
-    call = method_call(params, cfg, method, k, max_new, layerskip, heads, tree)
+               tree: int | None = None, ttft: bool = False):
+    call = method_call(params, cfg, method, k, max_new, layerskip, heads, tree, ttft)
     call(prompts[:1])  # warm-up: compile once
     return [call([p]) for p in prompts]
 
@@ -83,6 +86,8 @@ def summarize(results, ar_outputs=None) -> dict:
         accepted = sum(r.stats.accepted_BK.sum(axis=0) for r in results)
         row["tau"] = 1.0 + float(accepted.sum()) / max(cycles, 1)
         row["acceptance_per_position"] = [float(a) / max(cycles, 1) for a in accepted]
+        if results[0].ttft_s is not None:
+            row["ttft_ms"] = 1e3 * sum(r.ttft_s for r in results) / len(results)
     if ar_outputs is not None:
         row["identical_to_ar"] = sum(r.output_ids[0] == a for r, a in zip(results, ar_outputs))
         row["first_divergence"] = [next((i for i, (x, y) in enumerate(zip(r.output_ids[0], a)) if x != y), None)
@@ -100,7 +105,7 @@ def batch_throughput(params, cfg, prompts, method, k, max_new, layerskip, batch,
 
 def save(res: dict, args) -> None:
     """(Re)write the results files; called after every row so a cut-off run keeps what it measured."""
-    cols = ["method", "K", "tree", "tau", "tokens_per_s", "speedup_vs_ar", "identical_to_ar", "prompts"]
+    cols = ["method", "K", "tree", "ttft", "tau", "tokens_per_s", "speedup_vs_ar", "identical_to_ar", "prompts"]
     md = (f"# Speculative decoding, SmolLM2-135M bf16 (compute {args.compute}), {args.dataset}, B=1, greedy, "
           f"{args.max_new} new tokens\n\n"
           f"{res['device_kind']}, jax {res['jax']}, {res['date']}\n\n" + common.md_table(res["rows"], cols))
@@ -151,8 +156,10 @@ def main():
     ar_out = None
     for spec in args.methods.split(","):
         method, k, tree = parse_spec(spec)
-        results = run_method(params, cfg, prompts, method, k, args.max_new, args.layerskip_layers, heads, tree)
-        row = {"method": method, "K": k, "tree": "yes" if tree else "", **summarize(results, ar_out)}
+        ttft = spec.endswith("+ttft")
+        results = run_method(params, cfg, prompts, method, k, args.max_new, args.layerskip_layers, heads, tree, ttft)
+        row = {"method": method, "K": k, "tree": "yes" if tree else "", "ttft": "timed" if ttft else "",
+               **summarize(results, ar_out)}
         if method == "ar":
             ar_out = [r.output_ids[0] for r in results]
             ar_tps = row["tokens_per_s"]

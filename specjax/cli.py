@@ -46,7 +46,7 @@ def _generate_one(lm, ids: list[int], args):
     tree = int(args.tree) if args.tree and args.tree.isdigit() else args.tree
     res = run(lm.params, lm.cfg, [ids], method=args.method, num_draft=args.num_draft, draft_model=args.draft_model,
               layerskip_layers=args.layerskip_layers, ngram_min=args.ngram_min, ngram_max=args.ngram_max, tree=tree,
-              **kw)
+              ttft=True, **kw)
     m = res.metrics()
     return res, {"mean_accepted": m["mean_accepted"], "acceptance_per_position": m["acceptance_per_position"],
                  "num_cycles": m["num_cycles"], "draft_acceptance_rate": m.get("draft_acceptance_rate"),

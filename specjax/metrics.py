@@ -8,7 +8,8 @@ Speculative (counted by the verifier, before EOS/budget cuts, as vLLM does):
 Latency: ``ttft_s`` is the prefill (first token) time. The decode loop runs on device without host
 syncs, so a sequence's decode time is apportioned by its share of the loop's cycles:
 ``decode_s[b] = decode_s * cycles[b] / max(cycles)``; ``itl_s[b] = decode_s[b] / (new_tokens[b] - 1)``.
-``tokens_per_s`` = all new tokens / wall time of the call (prefill included).
+``tokens_per_s`` = all new tokens / wall time of the call (prefill included). Where the prefill was not
+timed apart (``ttft_s`` None: prefill and loop in one program), ``ttft_s`` and ``itl_s`` are None.
 """
 
 from __future__ import annotations
@@ -45,25 +46,29 @@ def acceptance(cycles, accepted_K, num_draft: int) -> dict:
     }
 
 
-def latency(ttft_s: float, seconds: float, new_tokens_B, steps_B=None) -> dict:
+def latency(ttft_s: float | None, seconds: float, new_tokens_B, steps_B=None) -> dict:
     """TTFT, ITL and tokens/s; ``steps_B`` (loop iterations each sequence was live in) apportions
-    the decode time per sequence (None: all sequences were live for the whole loop)."""
+    the decode time per sequence (None: all sequences were live for the whole loop). ``ttft_s`` None:
+    the prefill was not timed apart, so TTFT and ITL are None and a sequence's share covers the whole call."""
     new_tokens_B = np.asarray(new_tokens_B)
-    decode_s = max(seconds - ttft_s, 0.0)
+    timed = ttft_s is not None
+    decode_s = max(seconds - ttft_s, 0.0) if timed else seconds
     share_B = np.ones(len(new_tokens_B)) if steps_B is None else _ratio(steps_B, np.max(steps_B, initial=1))
     decode_B = decode_s * share_B
     itl_B = _ratio(decode_B, new_tokens_B - 1)
+    itl = (float(np.mean(itl_B[new_tokens_B > 1])) if np.any(new_tokens_B > 1) else 0.0) if timed else None
     return {
-        "ttft_s": float(ttft_s),
-        "itl_s": float(np.mean(itl_B[new_tokens_B > 1])) if np.any(new_tokens_B > 1) else 0.0,
+        "ttft_s": float(ttft_s) if timed else None,
+        "itl_s": itl,
         "tokens_per_s": float(new_tokens_B.sum() / max(seconds, 1e-9)),
         "seconds": float(seconds),
-        "per_sequence": [{"new_tokens": int(n), "itl_s": float(i), "tokens_per_s": float(n / max(ttft_s + d, 1e-9))}
+        "per_sequence": [{"new_tokens": int(n), "itl_s": float(i) if timed else None,
+                          "tokens_per_s": float(n / max((ttft_s or 0.0) + d, 1e-9))}
                          for n, i, d in zip(new_tokens_B, itl_B, decode_B)],
     }
 
 
-def summarize(stats: SpecStats, ttft_s: float, seconds: float) -> dict:
+def summarize(stats: SpecStats, ttft_s: float | None, seconds: float) -> dict:
     """JSON-ready aggregate + per-sequence metrics of one speculative run."""
     out = acceptance(int(stats.cycles_B.sum()), stats.accepted_BK.sum(axis=0), stats.num_draft)
     out["num_draft"] = stats.num_draft

@@ -30,3 +30,14 @@ def test_no_cycles_and_single_tokens():
     m = metrics.summarize(stats, ttft_s=0.5, seconds=0.5)
     assert m["num_cycles"] == 0 and m["mean_accepted"] == 0.0 and m["acceptance_per_position"] == [0.0] * 3
     assert m["itl_s"] == 0.0 and m["tokens_per_s"] == pytest.approx(2.0)
+
+
+def test_untimed_prefill_reports_no_ttft_or_itl():
+    # prefill and loop in one program (speculative_generate's default): only the call's wall time is known
+    stats = metrics.SpecStats(num_draft=2, cycles_B=np.array([2, 4]), accepted_BK=np.array([[2, 1], [1, 0]]),
+                              new_tokens_B=np.array([5, 3]))
+    m = metrics.summarize(stats, ttft_s=None, seconds=2.0)
+    assert m["ttft_s"] is None and m["itl_s"] is None and m["tokens_per_s"] == pytest.approx(4.0)
+    first, second = m["per_sequence"]
+    assert first["itl_s"] is None and first["tokens_per_s"] == pytest.approx(5 / (2.0 * 2 / 4))
+    assert second["tokens_per_s"] == pytest.approx(3 / 2.0)

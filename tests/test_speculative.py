@@ -134,6 +134,24 @@ def test_fixed_seed_reproduces(tiny):
     assert a.output_ids == b.output_ids and a.output_ids != c.output_ids
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_one_program_equals_prefill_then_decode(tiny, temperature):
+    """The default (prefill and loop in one program) and ``ttft=True`` (two programs, TTFT timed) run the same
+    computation: same tokens and counters, greedy and sampled; only the second reports a TTFT."""
+    cfg, params, dcfg, dparams = tiny
+    kw = dict(num_draft=3, max_new_tokens=MAX_NEW, temperature=temperature, top_p=0.9, eos_token_ids=(2,), seed=3)
+    one = speculative_generate(params, cfg, PROMPTS, DraftModel(dcfg), dparams, **kw)
+    two = speculative_generate(params, cfg, PROMPTS, DraftModel(dcfg), dparams, ttft=True, **kw)
+    assert one.output_ids == two.output_ids
+    for a, b in [(one.stats.cycles_B, two.stats.cycles_B), (one.stats.accepted_BK, two.stats.accepted_BK),
+                 (one.stats.new_tokens_B, two.stats.new_tokens_B)]:
+        assert (a == b).all()
+    assert one.ttft_s is None and one.metrics()["itl_s"] is None
+    assert 0 < two.ttft_s < two.seconds and two.metrics()["itl_s"] > 0
+    with pytest.raises(ValueError, match="ttft must be True or False"):
+        speculative_generate(params, cfg, PROMPTS, NGram(), ttft="yes")
+
+
 @pytest.mark.parametrize("K", [0, -1, 33, 2.5, True])
 def test_bad_num_draft(tiny, K):
     cfg, params, _, _ = tiny

@@ -28,7 +28,7 @@ MAX_NUM_DRAFT = 32
 @dataclasses.dataclass(frozen=True)
 class SpecResult(GenerateResult):
     """``GenerateResult`` plus the speculative statistics."""
-    ttft_s: float = 0.0  # prefill + first token
+    ttft_s: float | None = None  # prefill + first token (measured with ``ttft=True`` only)
     method: str = ""
     stats: metrics.SpecStats | None = None
 
@@ -51,14 +51,19 @@ def speculative_generate(params: dict, cfg: ModelConfig, prompts: list[list[int]
                          draft_params: Any = None, *, num_draft: int | None = None, max_new_tokens: int = 64,
                          temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                          eos_token_ids: tuple[int, ...] | None = None, pad_to: int = 0,
-                         capacity: int | None = None) -> SpecResult:
+                         capacity: int | None = None, ttft: bool = False) -> SpecResult:
     """Speculative decoding of a batch of token-id prompts; the output distribution is the target's.
 
     At temperature 0 the outputs equal ``specjax.generate.generate``'s greedy outputs. ``num_draft`` (K)
     defaults to 4 for a chain; a drafter with a ``tree`` drafts its N nodes (K = N). ``pad_to``
     fixes the prompt width (as in ``generate``: a sweep over prompts compiles once). ``capacity``
     (cache slots per sequence) defaults to a power-of-two bucket >= prompt + max_new + K + 1.
+    One program runs the prefill and the loop (``loop.generate``); ``ttft=True`` runs them as two, with a host
+    sync between, to measure the time to first token (``SpecResult.ttft_s``; ~4-5 ms more per request on an
+    H200, benchmarks/NOTES.md item 32).
     """
+    if not isinstance(ttft, bool):
+        raise ValueError(f"ttft must be True or False (time the first token: two programs), got {ttft!r}")
     if not isinstance(drafter, drafters.Drafter):
         raise ValueError(f"drafter must be a specjax.speculative.drafters.Drafter, got {type(drafter).__name__}")
     if drafter.tree is not None:
@@ -81,21 +86,27 @@ def speculative_generate(params: dict, cfg: ModelConfig, prompts: list[list[int]
     pre_args = (params, draft_params, jnp.asarray(toks), jnp.asarray(lens), jnp.int32(max_new_tokens), sp,
                 jax.random.key(seed))
     t0 = time.perf_counter()  # compile ahead (cached per bucket), so the timings below are run time only
-    pre_fn = functools.partial(loop.prefill, capacity=capacity, num_draft=K, **static)
-    prefill = loop.prefill.lower(*pre_args, capacity=capacity, num_draft=K, **static).compile()
-    decode_jit = loop.decode_donating if jax.default_backend() != "cpu" else loop.decode
-    state_shape = jax.eval_shape(pre_fn, *pre_args)
-    decode = decode_jit.lower(params, draft_params, state_shape, sp, **static).compile()
+    if ttft:
+        pre_fn = functools.partial(loop.prefill, capacity=capacity, num_draft=K, **static)
+        prefill = loop.prefill.lower(*pre_args, capacity=capacity, num_draft=K, **static).compile()
+        decode_jit = loop.decode_donating if jax.default_backend() != "cpu" else loop.decode
+        decode = decode_jit.lower(params, draft_params, jax.eval_shape(pre_fn, *pre_args), sp, **static).compile()
+    else:
+        run_all = loop.generate.lower(*pre_args, capacity=capacity, num_draft=K, **static).compile()
     t1 = time.perf_counter()
-    state = prefill(*pre_args)
-    jax.block_until_ready(state.last_B)
-    ttft = time.perf_counter() - t1
-    state = decode(params, draft_params, state, sp)
-    outputs = loop.outputs(state, lens)
-    stats = metrics.SpecStats(K, np.asarray(state.cycles_B), np.asarray(state.accepted_BK), np.asarray(state.n_out_B))
+    ttft_s = None
+    if ttft:
+        state = prefill(*pre_args)
+        jax.block_until_ready(state.last_B)
+        ttft_s = time.perf_counter() - t1
+        out = loop.outcome(decode(params, draft_params, state, sp))
+    else:
+        out = run_all(*pre_args)
+    out = jax.device_get(out)  # one host read
     seconds = time.perf_counter() - t1
-    return SpecResult(prompt_ids=[list(p) for p in prompts], output_ids=outputs, seconds=seconds, ttft_s=ttft,
-                      method=drafter.name, stats=stats, compile_seconds=t1 - t0)
+    stats = metrics.SpecStats(K, out.cycles_B, out.accepted_BK, out.n_out_B)
+    return SpecResult(prompt_ids=[list(p) for p in prompts], output_ids=loop.outputs(out, lens), seconds=seconds,
+                      ttft_s=ttft_s, method=drafter.name, stats=stats, compile_seconds=t1 - t0)
 
 
 def run(params: dict, cfg: ModelConfig, prompts: list[list[int]], *, method: str, num_draft: int | None = None,

@@ -1,9 +1,11 @@
-"""The speculative decoding loop on device: a prefill jit, then one jit of one ``lax.while_loop``.
+"""The speculative decoding loop on device: ``generate``, one jit of the prefill and one ``lax.while_loop``;
+or, to time the first token, ``prefill`` and ``decode`` as two jits with the host in between.
 
 Each cycle: the drafter proposes K tokens; ONE target forward scores ``[last, d_1..d_K]``;
 ``verify`` accepts a prefix and emits one more token; each sequence then advances by its own count
 (cut at its EOS and its token budget), and both caches roll back by setting their lengths. The host
-sees the state twice: after the prefill (for TTFT) and after the loop.
+sees only the ``Outcome`` (tokens, counts), after the loop; with ``prefill`` + ``decode`` also the state
+after the prefill (for TTFT), at ~4-5 ms more per request on an H200 (benchmarks/NOTES.md item 32).
 
 With a draft tree (``drafter.tree``) the K = N drafts are the tree's nodes: the forward runs them under
 the tree's attention mask, ``verify.tree_verify`` picks a path, the path's K/V rows move into position
@@ -142,7 +144,33 @@ decode = jax.jit(_decode, static_argnames=_STATIC)
 decode_donating = jax.jit(_decode, static_argnames=_STATIC, donate_argnames=("state",))  # no cache copies on GPU
 
 
-def outputs(state: SpecState, prompt_len_B) -> list[list[int]]:
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What the host reads after the loop."""
+    history_BS: jax.Array
+    n_out_B: jax.Array
+    cycles_B: jax.Array
+    accepted_BK: jax.Array
+
+
+def outcome(state: SpecState) -> Outcome:
+    return Outcome(state.history_BS, state.n_out_B, state.cycles_B, state.accepted_BK)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "drafter", "capacity", "num_draft", "eos_ids"))
+def generate(tp: dict, dp: Any, tokens_BT: jax.Array, prompt_len_B: jax.Array, max_new: jax.Array,
+             sp: SamplingParams, key: jax.Array, *, cfg: ModelConfig, drafter: Drafter, capacity: int,
+             num_draft: int, eos_ids: tuple[int, ...]) -> Outcome:
+    """``prefill`` then ``decode`` in one program, returning only the ``Outcome``: the loop's state (both
+    caches) never is a program argument or result, as in ``specjax.generate`` (item 32: ~4-5 ms less per
+    request than the two jits)."""
+    state = prefill(tp, dp, tokens_BT, prompt_len_B, max_new, sp, key, cfg=cfg, drafter=drafter,
+                    capacity=capacity, num_draft=num_draft, eos_ids=eos_ids)
+    return outcome(_decode(tp, dp, state, sp, cfg=cfg, drafter=drafter, eos_ids=eos_ids))
+
+
+def outputs(out: Outcome | SpecState, prompt_len_B) -> list[list[int]]:
     """Generated tokens per sequence (host side, after the loop)."""
-    hist, n_B = np.asarray(state.history_BS), np.asarray(state.n_out_B)
+    hist, n_B = np.asarray(out.history_BS), np.asarray(out.n_out_B)
     return [hist[b, int(p):int(p) + int(n)].tolist() for b, (p, n) in enumerate(zip(np.asarray(prompt_len_B), n_B))]
