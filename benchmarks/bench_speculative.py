@@ -34,7 +34,7 @@ from specjax.generate import generate
 from specjax.loading import load_model
 from specjax.speculative import engine
 
-PAD = 512
+PAD = 512  # default prompt width: one compilation per method (--pad 0: the library's power-of-two buckets)
 
 
 def head_option(text: str) -> tuple[str, tuple[str, str]]:
@@ -58,20 +58,20 @@ def parse_spec(spec: str) -> tuple[str, int, int | None]:
 
 
 def method_call(params, cfg, method: str, k: int, max_new: int, layerskip: int | None, heads: dict | None = None,
-                tree: int | None = None, ttft: bool = False):
-    """prompts -> result for one method, prompts padded to PAD (one compilation per method and batch).
+                tree: int | None = None, ttft: bool = False, pad: int = PAD):
+    """prompts -> result for one method, prompts padded to ``pad`` (PAD: one compilation per method and batch).
     ``heads``: --head labels -> (method, folder); ``tree``: the head's fitted tree of that many nodes;
     ``ttft``: prefill and loop as two programs, the first token timed (``speculative_generate(ttft=True)``)."""
     if method == "ar":
-        return lambda ps: generate(params, cfg, ps, max_new_tokens=max_new, pad_to=PAD)
+        return lambda ps: generate(params, cfg, ps, max_new_tokens=max_new, pad_to=pad)
     method, folder = (heads or {}).get(method, (method, None))
     return lambda ps: engine.run(params, cfg, ps, method=method, num_draft=k, max_new_tokens=max_new,
-                                 layerskip_layers=layerskip, draft_model=folder, pad_to=PAD, tree=tree, ttft=ttft)
+                                 layerskip_layers=layerskip, draft_model=folder, pad_to=pad, tree=tree, ttft=ttft)
 
 
 def run_method(params, cfg, prompts, method: str, k: int, max_new: int, layerskip: int | None, heads=None,
-               tree: int | None = None, ttft: bool = False):
-    call = method_call(params, cfg, method, k, max_new, layerskip, heads, tree, ttft)
+               tree: int | None = None, ttft: bool = False, pad: int = PAD):
+    call = method_call(params, cfg, method, k, max_new, layerskip, heads, tree, ttft, pad)
     call(prompts[:1])  # warm-up: compile once
     return [call([p]) for p in prompts]
 
@@ -135,6 +135,9 @@ def main():
     ap.add_argument("--batches", default="", help="e.g. 1,8,32: batch throughput for each method")
     ap.add_argument("--batch-methods", default="ar,ngram:4", help="methods for the batch sweep (AR first)")
     ap.add_argument("--tag", default="", help="suffix for the results file name")
+    ap.add_argument("--pad", type=int, default=PAD, help=f"prompt width (default {PAD}: one compilation per method; "
+                    "0: the library's default, the longest prompt rounded up to a power of two, and a cache capacity "
+                    "to match; compilation is never timed)")
     ap.add_argument("--compute", choices=config.COMPUTE_DTYPES, default="param",
                     help="matmul operand dtype of the target: param (bf16, default) or float32 (bf16 weights "
                          "upcast inside each product; slower, closer verify/decode numerics); recorded in the "
@@ -152,12 +155,13 @@ def main():
     cfg = cfg.replace(compute_dtype=args.compute)
     res = {**common.header(), "model": "SmolLM2-135M-Instruct (GGUF Q4_1 dequantized to bf16)",
            "compute_dtype": args.compute, "dataset": args.dataset, "max_new_tokens": args.max_new, "batch": 1,
-           "greedy": True, "rows": [], **({"heads": res_heads} if res_heads else {})}
+           "greedy": True, "pad_to": args.pad, "rows": [], **({"heads": res_heads} if res_heads else {})}
     ar_out = None
     for spec in args.methods.split(","):
         method, k, tree = parse_spec(spec)
         ttft = spec.endswith("+ttft")
-        results = run_method(params, cfg, prompts, method, k, args.max_new, args.layerskip_layers, heads, tree, ttft)
+        results = run_method(params, cfg, prompts, method, k, args.max_new, args.layerskip_layers, heads, tree, ttft,
+                             args.pad)
         row = {"method": method, "K": k, "tree": "yes" if tree else "", "ttft": "timed" if ttft else "",
                **summarize(results, ar_out)}
         if method == "ar":
