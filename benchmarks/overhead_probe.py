@@ -42,16 +42,21 @@ PAD = 512
 CAPACITY = 1024  # the bench's speculative capacity at 256 new tokens (AR's: 768 at every n <= 256)
 
 
-def spec_phases(params, cfg, prompt, drafter, dp, K: int, n: int) -> dict:
-    """``speculative_generate``'s timed part with a sync after each phase (seconds)."""
-    width, capacity = bucket_shapes([prompt], n, PAD, reserve=K + 1)[0], CAPACITY
-    toks, lens = pad_prompts([prompt], width)
+def _compiled(params, cfg, prompt, drafter, dp, K: int, n: int):
+    """(args, prompt lengths, sampling params, compiled prefill, compiled decode) of one request, as
+    ``speculative_generate(ttft=True)`` builds them, at the bench's width and capacity."""
+    toks, lens = pad_prompts([prompt], bucket_shapes([prompt], n, PAD, reserve=K + 1)[0])
     sp = SamplingParams.make(0.0, 0, 1.0)
     static = dict(cfg=cfg, drafter=drafter, eos_ids=())
     args = (params, dp, jnp.asarray(toks), jnp.asarray(lens), jnp.int32(n), sp, jax.random.key(0))
-    pre = loop.prefill.lower(*args, capacity=capacity, num_draft=K, **static).compile()
-    shape = jax.eval_shape(functools.partial(loop.prefill, capacity=capacity, num_draft=K, **static), *args)
-    dec = loop.decode_donating.lower(params, dp, shape, sp, **static).compile()
+    pre = loop.prefill.lower(*args, capacity=CAPACITY, num_draft=K, **static).compile()
+    shape = jax.eval_shape(functools.partial(loop.prefill, capacity=CAPACITY, num_draft=K, **static), *args)
+    return args, lens, sp, pre, loop.decode_donating.lower(params, dp, shape, sp, **static).compile()
+
+
+def spec_phases(params, cfg, prompt, drafter, dp, K: int, n: int) -> dict:
+    """The two-program request with a sync after each phase (seconds), the host's reads one by one."""
+    args, lens, sp, pre, dec = _compiled(params, cfg, prompt, drafter, dp, K, n)
     t0 = time.perf_counter()
     state = pre(*args)
     jax.block_until_ready(state.last_B)
@@ -69,20 +74,12 @@ def spec_variants(params, cfg, prompt, drafter, dp, K: int, n: int) -> dict:
     """Request seconds of two variants: ``one_read`` = two programs with the host's reads in one ``device_get``
     (``speculative_generate(ttft=True)`` today); ``one_program`` = ``loop.generate`` (prefill and loop in one jit,
     only the outcome returned: ``speculative_generate``'s default today) and one ``device_get``."""
-    width = bucket_shapes([prompt], n, PAD, reserve=K + 1)[0]
-    toks, lens = pad_prompts([prompt], width)
-    sp = SamplingParams.make(0.0, 0, 1.0)
-    static = dict(cfg=cfg, drafter=drafter, eos_ids=())
-    args = (params, dp, jnp.asarray(toks), jnp.asarray(lens), jnp.int32(n), sp, jax.random.key(0))
-    pre = loop.prefill.lower(*args, capacity=CAPACITY, num_draft=K, **static).compile()
-    shape = jax.eval_shape(functools.partial(loop.prefill, capacity=CAPACITY, num_draft=K, **static), *args)
-    dec = loop.decode_donating.lower(params, dp, shape, sp, **static).compile()
-    one = loop.generate.lower(*args, capacity=CAPACITY, num_draft=K, **static).compile()
+    args, _, sp, pre, dec = _compiled(params, cfg, prompt, drafter, dp, K, n)
+    one = loop.generate.lower(*args, capacity=CAPACITY, num_draft=K, cfg=cfg, drafter=drafter, eos_ids=()).compile()
     t0 = time.perf_counter()
     state = pre(*args)
     jax.block_until_ready(state.last_B)
-    state = dec(params, dp, state, sp)
-    jax.device_get((state.history_BS, state.n_out_B, state.cycles_B, state.accepted_BK))
+    jax.device_get(loop.outcome(dec(params, dp, state, sp)))
     t1 = time.perf_counter()
     jax.device_get(one(*args))
     t2 = time.perf_counter()
