@@ -11,7 +11,7 @@ and how many outputs equal AR greedy in bf16. ``--batches`` adds batch throughpu
 ``eagle3:t31`` (or ``medusa:t15``, ...) in ``--methods`` drafts the head's fitted static tree of 31 nodes
 (``trees.json`` beside the head; K in the table is then the node count).
 ``eagle3:7+ttft`` runs a method as two programs with the first token timed (mean ``ttft_ms`` in the JSON;
-~4-5 ms more per request than the default one program, benchmarks/NOTES.md item 32).
+~4 ms more per request than the default one program, benchmarks/NOTES.md item 32).
 ``--head own=FOLDER`` makes ``own:K`` in ``--methods`` a Medusa or EAGLE-3 head loaded from FOLDER (kind from
 its config.json) instead of the shipped one, so two heads are measured against one AR run.
 ``--compute float32`` runs the target with float32 matmul operands (bf16 weights upcast inside each

@@ -59,7 +59,7 @@ def speculative_generate(params: dict, cfg: ModelConfig, prompts: list[list[int]
     fixes the prompt width (as in ``generate``: a sweep over prompts compiles once). ``capacity``
     (cache slots per sequence) defaults to a power-of-two bucket >= prompt + max_new + K + 1.
     One program runs the prefill and the loop (``loop.generate``); ``ttft=True`` runs them as two, with a host
-    sync between, to measure the time to first token (``SpecResult.ttft_s``; ~4-5 ms more per request on an
+    sync between, to measure the time to first token (``SpecResult.ttft_s``; ~4 ms more per request on an
     H200, benchmarks/NOTES.md item 32).
     """
     if not isinstance(ttft, bool):

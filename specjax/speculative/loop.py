@@ -5,7 +5,7 @@ Each cycle: the drafter proposes K tokens; ONE target forward scores ``[last, d_
 ``verify`` accepts a prefix and emits one more token; each sequence then advances by its own count
 (cut at its EOS and its token budget), and both caches roll back by setting their lengths. The host
 sees only the ``Outcome`` (tokens, counts), after the loop; with ``prefill`` + ``decode`` also the state
-after the prefill (for TTFT), at ~4-5 ms more per request on an H200 (benchmarks/NOTES.md item 32).
+after the prefill (for TTFT), at ~4 ms more per request on an H200 (benchmarks/NOTES.md item 32).
 
 With a draft tree (``drafter.tree``) the K = N drafts are the tree's nodes: the forward runs them under
 the tree's attention mask, ``verify.tree_verify`` picks a path, the path's K/V rows move into position
@@ -163,7 +163,7 @@ def generate(tp: dict, dp: Any, tokens_BT: jax.Array, prompt_len_B: jax.Array, m
              sp: SamplingParams, key: jax.Array, *, cfg: ModelConfig, drafter: Drafter, capacity: int,
              num_draft: int, eos_ids: tuple[int, ...]) -> Outcome:
     """``prefill`` then ``decode`` in one program, returning only the ``Outcome``: the loop's state (both
-    caches) never is a program argument or result, as in ``specjax.generate`` (item 32: ~4-5 ms less per
+    caches) is never a program argument or result, as in ``specjax.generate`` (item 32: ~4 ms less per
     request than the two jits)."""
     state = prefill(tp, dp, tokens_BT, prompt_len_B, max_new, sp, key, cfg=cfg, drafter=drafter,
                     capacity=capacity, num_draft=num_draft, eos_ids=eos_ids)
