@@ -59,6 +59,12 @@ def test_generate_speculative_adds_metrics(tiny_dir, capsys):
     assert code == 0, err
     row = json.loads(out)
     assert row["mean_accepted"] >= 1 and len(row["acceptance_per_position"]) == 3 and row["num_cycles"] >= 1
+    assert row["ttft_s"] is None  # one program unless --ttft
+    code, out, err = run(capsys, "generate", "--model", str(tiny_dir), "--prompt", "the lazy dog", "--chat",
+                         "--max-new-tokens", "6", "--method", "ngram", "--num-draft", "3", "--json", "--ttft")
+    assert code == 0, err
+    timed = json.loads(out)
+    assert 0 < timed["ttft_s"] < timed["seconds"] and timed["output_ids"] == row["output_ids"]
 
 
 @pytest.mark.parametrize("args, message", [
