@@ -136,14 +136,12 @@ def main(argv=None) -> None:
     with cf.ThreadPoolExecutor(8) as pool:  # compile everything in parallel first
         list(pool.map(lambda j: [_try_compile(f, j[3]) for f in j[2].values()], jobs))
     rows = []
+    columns = [n for n in IMPLS if ctas or n not in VARIANTS]
     for (S, hd, causal, dtype), (B, _, H, _), impls, qkv in jobs:
         flops = 4 * B * S * S * H * hd / (2 if causal else 1)
         row = {"S": S, "hd": hd, "causal": causal, "dtype": jnp.dtype(dtype).name}
-        timed = measure_row({n: impls[n] for n in IMPLS if n in impls and (ctas or n not in VARIANTS)}, qkv,
-                            args.iters, args.rounds)
-        for name in IMPLS:
-            if name in VARIANTS and not ctas:
-                continue
+        timed = measure_row({n: impls[n] for n in columns if n in impls}, qkv, args.iters, args.rounds)
+        for name in columns:
             ms = timed.get(name)
             row[f"{name}_tflops"] = None if not ms else round(flops / statistics.median(ms) / 1e9, 1)
             if args.rounds > 1:  # even rounds: specjax timed first in the row, odd ones: last
