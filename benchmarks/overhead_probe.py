@@ -21,7 +21,6 @@ of ``speculative_generate``; the two-program path is ``ttft=True``), so today th
 from __future__ import annotations
 
 import argparse
-import functools
 import statistics
 import time
 
@@ -47,11 +46,9 @@ def _compiled(params, cfg, prompt, drafter, dp, K: int, n: int):
     ``speculative_generate(ttft=True)`` builds them, at the bench's width and capacity."""
     toks, lens = pad_prompts([prompt], bucket_shapes([prompt], n, PAD, reserve=K + 1)[0])
     sp = SamplingParams.make(0.0, 0, 1.0)
-    static = dict(cfg=cfg, drafter=drafter, eos_ids=())
     args = (params, dp, jnp.asarray(toks), jnp.asarray(lens), jnp.int32(n), sp, jax.random.key(0))
-    pre = loop.prefill.lower(*args, capacity=CAPACITY, num_draft=K, **static).compile()
-    shape = jax.eval_shape(functools.partial(loop.prefill, capacity=CAPACITY, num_draft=K, **static), *args)
-    return args, lens, sp, pre, loop.decode_donating.lower(params, dp, shape, sp, **static).compile()
+    return (args, lens, sp, *loop.compile_prefill_decode(args, sp, capacity=CAPACITY, num_draft=K, cfg=cfg,
+                                                          drafter=drafter, eos_ids=()))
 
 
 def spec_phases(params, cfg, prompt, drafter, dp, K: int, n: int) -> dict:

@@ -8,7 +8,6 @@ traced, cache capacity bucketed (it must hold prompt + max_new + K + 1 slots), E
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from typing import Any
 
@@ -87,10 +86,7 @@ def speculative_generate(params: dict, cfg: ModelConfig, prompts: list[list[int]
                 jax.random.key(seed))
     t0 = time.perf_counter()  # compile ahead (cached per bucket), so the timings below are run time only
     if ttft:
-        pre_fn = functools.partial(loop.prefill, capacity=capacity, num_draft=K, **static)
-        prefill = loop.prefill.lower(*pre_args, capacity=capacity, num_draft=K, **static).compile()
-        decode_jit = loop.decode_donating if jax.default_backend() != "cpu" else loop.decode
-        decode = decode_jit.lower(params, draft_params, jax.eval_shape(pre_fn, *pre_args), sp, **static).compile()
+        prefill, decode = loop.compile_prefill_decode(pre_args, sp, capacity=capacity, num_draft=K, **static)
     else:
         run_all = loop.generate.lower(*pre_args, capacity=capacity, num_draft=K, **static).compile()
     t1 = time.perf_counter()

@@ -170,6 +170,17 @@ def generate(tp: dict, dp: Any, tokens_BT: jax.Array, prompt_len_B: jax.Array, m
     return outcome(_decode(tp, dp, state, sp, cfg=cfg, drafter=drafter, eos_ids=eos_ids))
 
 
+def compile_prefill_decode(pre_args: tuple, sp: SamplingParams, *, capacity: int, num_draft: int, cfg: ModelConfig,
+                           drafter: Drafter, eos_ids: tuple[int, ...]):
+    """``prefill`` and ``decode`` compiled for ``prefill``'s arguments (cached per bucket), the decode donating
+    its state on GPUs: the two programs of a request whose first token is timed."""
+    static = dict(cfg=cfg, drafter=drafter, eos_ids=eos_ids)
+    pre = functools.partial(prefill, capacity=capacity, num_draft=num_draft, **static)
+    decode_jit = decode_donating if jax.default_backend() != "cpu" else decode
+    return (prefill.lower(*pre_args, capacity=capacity, num_draft=num_draft, **static).compile(),
+            decode_jit.lower(pre_args[0], pre_args[1], jax.eval_shape(pre, *pre_args), sp, **static).compile())
+
+
 def outputs(out: Outcome | SpecState, prompt_len_B) -> list[list[int]]:
     """Generated tokens per sequence (host side, after the loop)."""
     hist, n_B = np.asarray(out.history_BS), np.asarray(out.n_out_B)
