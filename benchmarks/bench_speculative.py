@@ -49,12 +49,13 @@ def head_option(text: str) -> tuple[str, tuple[str, str]]:
     return label, ("medusa" if "medusa_num_heads" in conf else "eagle3", folder)
 
 
-def parse_spec(spec: str) -> tuple[str, int, int | None]:
-    """``method[:K]`` or ``method:tN`` -> (method, K, tree nodes or None); a ``+ttft`` suffix is read by ``main``."""
-    method, _, k = spec.removesuffix("+ttft").partition(":")
+def parse_spec(spec: str) -> tuple[str, int, int | None, bool]:
+    """``method[:K]`` or ``method:tN``, optionally ``+ttft`` -> (method, K, tree nodes or None, ttft)."""
+    body = spec.removesuffix("+ttft")
+    method, _, k = body.partition(":")
     if k.startswith("t"):
-        return method, int(k[1:]), int(k[1:])
-    return method, int(k or 0), None
+        return method, int(k[1:]), int(k[1:]), body != spec
+    return method, int(k or 0), None, body != spec
 
 
 def method_call(params, cfg, method: str, k: int, max_new: int, layerskip: int | None, heads: dict | None = None,
@@ -95,9 +96,9 @@ def summarize(results, ar_outputs=None) -> dict:
     return row
 
 
-def batch_throughput(params, cfg, prompts, method, k, max_new, layerskip, batch, heads=None, tree=None):
+def batch_throughput(params, cfg, prompts, method, k, max_new, layerskip, batch, heads=None, tree=None, ttft=False):
     ps = (prompts * ((batch + len(prompts) - 1) // len(prompts)))[:batch]
-    call = method_call(params, cfg, method, k, max_new, layerskip, heads, tree)
+    call = method_call(params, cfg, method, k, max_new, layerskip, heads, tree, ttft)
     call(ps)  # warm-up: compile once
     r = call(ps)
     return sum(r.new_tokens) / r.seconds
@@ -158,8 +159,7 @@ def main():
            "greedy": True, "pad_to": args.pad, "rows": [], **({"heads": res_heads} if res_heads else {})}
     ar_out = None
     for spec in args.methods.split(","):
-        method, k, tree = parse_spec(spec)
-        ttft = spec.endswith("+ttft")
+        method, k, tree, ttft = parse_spec(spec)
         results = run_method(params, cfg, prompts, method, k, args.max_new, args.layerskip_layers, heads, tree, ttft,
                              args.pad)
         row = {"method": method, "K": k, "tree": "yes" if tree else "", "ttft": "timed" if ttft else "",
@@ -177,12 +177,13 @@ def main():
         save(res, args)
     for b in [int(x) for x in args.batches.split(",") if x]:
         for spec in args.batch_methods.split(","):
-            method, k, tree = parse_spec(spec)
+            method, k, tree, ttft = parse_spec(spec)
             tps = batch_throughput(params, cfg, prompts[:b], method, k, args.max_new, args.layerskip_layers, b, heads,
-                                   tree)
+                                   tree, ttft)
             if method == "ar":
                 ar_b = tps
             res.setdefault("batch_rows", []).append({"B": b, "method": method, "K": k, "tree": "yes" if tree else "",
+                                                     "ttft": "timed" if ttft else "",
                                                      "tokens_per_s": tps,
                                                      "speedup_vs_ar": tps / ar_b})
             print(res["batch_rows"][-1], flush=True)
