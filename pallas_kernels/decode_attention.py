@@ -1,9 +1,10 @@
-"""Decode / verify attention: a few queries (T = 1..16) against a KV cache, in Pallas on the Triton
+"""Decode / verify attention: a few queries (T = 1..32) against a KV cache, in Pallas on the Triton
 backend, flash-decoding style.
 
 Layout. The R = H / G query heads of one kv head, times the T queries, form the rows of one query
 tile: row ``m = t * R + r``. The packed row count is fixed at ``R * MAX_QUERIES`` rounded up to
-``block_m`` (tiles of ``block_m`` rows, padding rows have position -1 and see nothing), so **no
+``block_m`` (tiles of ``block_m`` rows, padding rows have position -1 and see nothing; calls of
+17..32 queries, a draft tree's verify, pack ``R * WIDE_QUERIES`` rows: more tiles of the same shape), so **no
 tile shape depends on T**: a decode step (T = 1) and a speculative verify (T = K + 1) run the same
 kernel code on the same tiles (a tile gathers its query rows straight from the caller's array and
 scatters its output rows into ``[B, T, H, d]``: no packing copies around the kernel; only those
@@ -60,7 +61,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-MAX_QUERIES = 16       # largest T; it fixes the packed row count R * MAX_QUERIES
+MAX_QUERIES = 16       # largest T of the usual layout; it fixes the packed row count R * MAX_QUERIES
+WIDE_QUERIES = 32      # largest T: calls of 17..32 queries pack R * WIDE_QUERIES rows (more tiles, same shape)
 SPLITS_PER_STEP = 8    # the combine kernel's loop over splits is unrolled by this factor
 _LOG2E = math.log2(math.e)
 
@@ -137,6 +139,7 @@ class _Layout:
     norm_dim: int = 0     # fused, > 0: each token's last source row holds the sum of squares of the layer's
     norm_eps: float = 0.0  # input over norm_dim elements; q|k|v are scaled by rsqrt(sum / norm_dim + eps)
     tree_offset: int = -1  # fused, >= 0: a draft tree's rows, masked by a bits input from start - tree_offset on
+    max_queries: int = MAX_QUERIES  # the packed rows: R * max_queries (WIDE_QUERIES when T > MAX_QUERIES)
 
     @property
     def R(self) -> int:
@@ -257,7 +260,7 @@ def _last_key(pos_M, seq_len):
 
 def _write_new_rows(refs, k_out_ref, v_out_ref, L: _Layout, g, slot0, dtype):
     """Fused mode, one program per (b, g): the T new K/V rows into cache slots slot0 .. slot0+T-1."""
-    t = lax.broadcasted_iota(jnp.int32, (MAX_QUERIES,), 0)
+    t = lax.broadcasted_iota(jnp.int32, (L.max_queries,), 0)
     ok = (t < L.T) & (slot0 + t < L.S)
     t = jnp.where(ok, t, 0)
     k_new, v_new = _new_rows(refs, L, g, t, ok, dtype)
@@ -377,7 +380,7 @@ def _build(B: int, L: _Layout, cfg: TuningConfig, interpret: bool):
     """Builder (not a kernel): ``fn(src, pos, [cos, sin,] k, v[, tree bits]) -> o [B, T*H, d]`` float32, plus
     the updated caches in fused mode."""
     n_splits = L.n_splits
-    tiles = packed_rows(L.R, L.block_m) // L.block_m
+    tiles = packed_rows(L.R, L.block_m, L.max_queries) // L.block_m
     params = plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     per_b = lambda *shape: pl.BlockSpec((None, *shape), lambda b, g, i, j: (b,) + (0,) * len(shape))
     cache_spec = pl.BlockSpec((None, L.S, None, L.d), lambda b, g, i, j: (b, 0, g, 0))
@@ -423,9 +426,9 @@ def _build(B: int, L: _Layout, cfg: TuningConfig, interpret: bool):
 
 
 # ------------------------------------------------------------------------------- entry points
-def packed_rows(group: int, block_m: int) -> int:
-    """Rows of the packed query tiles per (b, g): R * MAX_QUERIES rounded up to block_m."""
-    return -(-group * MAX_QUERIES // block_m) * block_m
+def packed_rows(group: int, block_m: int, max_queries: int = MAX_QUERIES) -> int:
+    """Rows of the packed query tiles per (b, g): R * max_queries rounded up to block_m."""
+    return -(-group * max_queries // block_m) * block_m
 
 
 def _check(q_shape, k, v, q_dtype):
@@ -434,8 +437,8 @@ def _check(q_shape, k, v, q_dtype):
     if k.shape != v.shape or (Bk, dk) != (B, d) or H % G or S < 1:
         raise ValueError(f"expected queries [B,T,H,d], k = v [B,S,G,d] with H % G == 0 and S >= 1; "
                          f"got queries {q_shape}, k {k.shape}, v {v.shape}")
-    if not 1 <= T <= MAX_QUERIES:
-        raise ValueError(f"decode attention takes 1..{MAX_QUERIES} queries per sequence, got T={T}")
+    if not 1 <= T <= WIDE_QUERIES:
+        raise ValueError(f"decode attention takes 1..{WIDE_QUERIES} queries per sequence, got T={T}")
     if not (q_dtype == k.dtype == v.dtype) or k.dtype not in (jnp.bfloat16, jnp.float16):
         raise ValueError(f"q, k, v must share dtype bfloat16 or float16, got {q_dtype}, {k.dtype}, {v.dtype}")
     if d not in (64, 128, 256):
@@ -448,14 +451,14 @@ def _layout(B, T, H, G, N, S, d, config, scale, fused, norm_dim=0, norm_eps=0.0,
     n_splits, split_len = split_geometry(S, cfg)
     L = _Layout(T=T, H=H, G=G, N=N, S=S, d=d, block_m=cfg.block_m, block_k=cfg.block_k, split_len=split_len,
                 n_splits=n_splits, scale_log2=scale * _LOG2E, fused=fused, norm_dim=norm_dim, norm_eps=norm_eps,
-                tree_offset=tree_offset)
+                tree_offset=tree_offset, max_queries=MAX_QUERIES if T <= MAX_QUERIES else WIDE_QUERIES)
     return L, cfg
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "config", "interpret"))
 def decode_attention(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, *, scale: float | None = None,
                      config: TuningConfig | None = None, interpret: bool = False):
-    """Jitted entry: float32 ``[B, T, H, d]`` attention of T <= 16 queries over the cache.
+    """Jitted entry: float32 ``[B, T, H, d]`` attention of T <= 32 queries over the cache.
 
     ``config`` defaults to ``default_config`` (a function of B, G, R and d: never of T or S).
     ``interpret=True`` runs the kernels in the Pallas interpreter (CPU tests)."""
@@ -474,7 +477,7 @@ def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *,
                          scale: float | None = None, config: TuningConfig | None = None,
                          interpret: bool = False, norm_dim: int = 0, norm_eps: float = 0.0,
                          tree_bits_T: jax.Array | None = None, tree_offset: int = 0):
-    """Jitted entry, one launch (two with several splits) for a decoder layer's attention over T <= 16
+    """Jitted entry, one launch (two with several splits) for a decoder layer's attention over T <= 32
     new tokens per sequence: ``qkv_BTNd`` [B, T, H + 2G, d] is the q|k|v projection before RoPE
     (float32; heads in HF order), ``cos_BTd`` / ``sin_BTd`` the rotate-half tables of positions
     ``start_B[b] + t``. The kernel applies RoPE to q and k, writes k and v (in the cache dtype) into
@@ -490,7 +493,7 @@ def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *,
 
     ``tree_bits_T`` (int32 [T]; draft-tree rows, e.g. ``specjax.speculative.tree``): query t sees a slot s at
     or past ``start - tree_offset`` only where bit ``s - start + tree_offset`` of ``tree_bits_T[t]`` is set
-    (bits 0..30: its ancestors' slots and its own); cos/sin carry the rows' own positions (their depth)."""
+    (bits 0..31: its ancestors' slots and its own); cos/sin carry the rows' own positions (their depth)."""
     (B, T, N, d), (S, G) = qkv_BTNd.shape, k_BSGd.shape[1:3]
     H, extra = n_heads, int(norm_dim > 0)
     if norm_dim < 0 or (norm_dim and not norm_eps > 0):
@@ -503,9 +506,9 @@ def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *,
                          f"start [B]; got qkv {qkv_BTNd.shape}, cos {cos_BTd.shape}, sin {sin_BTd.shape}, "
                          f"start {start_B.shape}")
     _check((B, T, H, d), k_BSGd, v_BSGd, k_BSGd.dtype)
-    if tree_bits_T is not None and (tree_bits_T.shape != (T,) or not 0 <= tree_offset <= 31 - T):
-        raise ValueError(f"tree_bits must be [T] = [{T}] with 0 <= tree_offset and tree_offset + T <= 31 (bits "
-                         f"0..30); got {tree_bits_T.shape}, tree_offset={tree_offset}")
+    if tree_bits_T is not None and (tree_bits_T.shape != (T,) or not 0 <= tree_offset <= 32 - T):
+        raise ValueError(f"tree_bits must be [T] = [{T}] with 0 <= tree_offset and tree_offset + T <= 32 (bits "
+                         f"0..31); got {tree_bits_T.shape}, tree_offset={tree_offset}")
     L, cfg = _layout(B, T, H, G, N, S, d, config, scale, fused=True, norm_dim=norm_dim, norm_eps=norm_eps,
                      tree_offset=-1 if tree_bits_T is None else tree_offset)
     q_pos_BT = start_B.astype(jnp.int32)[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]

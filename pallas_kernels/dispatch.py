@@ -5,15 +5,18 @@ k/v cache [B,S,G,d], bf16 or fp16 (q in the cache dtype), H % G == 0. Mask: key 
 to the query at position q_pos[b, t] iff s <= q_pos[b, t] (slots past a sequence's valid length lie
 past its positions, so they are masked by the same rule).
 
-  * T <= 16 (decode T = 1 and speculative verify T = K + 1), head dim 64/128, on a GPU backend:
+  * T <= 32 (decode T = 1, speculative verify T = K + 1, a draft tree's rows), head dim 64/128, on a GPU backend:
     ``decode_attention`` (Pallas Triton, flash-decoding). Decode and verify run the same kernel
     code on the same tile shapes, so a query's attention output is bitwise the same in both (see
     that module). ``rope_attend_write`` is the model's form of it: q|k|v before RoPE in, RoPE, the
     K/V cache writes and attention in one launch.
   * T >= 2 otherwise (prefill), head dim 64/128/256: the FA3 kernel (``flash_attention``).
 
+A third, for draft trees: ``move_rows`` moves the accepted path's K/V rows into position order in every
+layer's cache in one launch (``SPECJAX_MOVE_ROWS=0``: XLA's gather + update per array, for A/B timing).
+
 ``SPECJAX_DECODE_KERNEL=0`` turns the decode kernel off (A/B timing): T == 1 then returns None
-(the XLA reference runs) and 2 <= T <= 16 goes to FA3, as before the decode kernel existed. The
+(the XLA reference runs) and 2 <= T <= 32 goes to FA3, as before the decode kernel existed. The
 variable is read when the model is traced; jit caches traced functions, so set it before the
 first call (e.g. per process).
 """
@@ -26,9 +29,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels.decode_attention import MAX_QUERIES, decode_attention, rope_attention_write
+from pallas_kernels.decode_attention import WIDE_QUERIES, decode_attention, rope_attention_write
 from pallas_kernels.flash_attention import default_config, key_end
 from pallas_kernels.flash_attention_vjp import flash_attention
+from pallas_kernels.move_rows import move_rows as move_rows_kernel
 
 MIN_QUERIES = 2  # FA3 (prefill): at least two queries
 
@@ -58,7 +62,7 @@ def decode_kernel_enabled() -> bool:
 
 def applies_decode(q_BTHd, k_BSGd, v_BSGd) -> bool:
     """Static check (shapes and dtypes only) that the decode kernel supports this call."""
-    return (1 <= q_BTHd.shape[1] <= MAX_QUERIES and q_BTHd.shape[3] in (64, 128)
+    return (1 <= q_BTHd.shape[1] <= WIDE_QUERIES and q_BTHd.shape[3] in (64, 128)
             and _common(q_BTHd, k_BSGd, v_BSGd))
 
 
@@ -76,22 +80,22 @@ def attend(q_BTHd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array,
 
 
 def tree_bits(visible_TW: np.ndarray) -> np.ndarray | None:
-    """int32 [T]: row t's visible slots as bits (bit w: slot base + w), or None if W > 31."""
+    """int32 [T]: row t's visible slots as bits (bit w: slot base + w; bit 31 is the sign bit), or None if W > 32."""
     T, W = visible_TW.shape
-    if W > 31:
+    if W > 32:
         return None
-    return (np.asarray(visible_TW, np.int64) << np.arange(W)).sum(axis=1).astype(np.int32)
+    return (np.asarray(visible_TW, np.int64) << np.arange(W)).sum(axis=1).astype(np.uint32).view(np.int32)
 
 
 def rope_attend_write(qkv_BTNd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array, cos_BTd: jax.Array,
                       sin_BTd: jax.Array, start_B: jax.Array, n_heads: int, norm: tuple[int, float] | None = None,
                       tree: tuple[np.ndarray, int] | None = None):
-    """A decoder layer's attention over T <= 16 new tokens in one kernel: ``(o, k_BSGd, v_BSGd)`` from
+    """A decoder layer's attention over T <= 32 new tokens in one kernel: ``(o, k_BSGd, v_BSGd)`` from
     ``rope_attention_write`` (q|k|v before RoPE, [B, T, H + 2G, d] float32; with ``norm=(D, eps)`` one
     more head of sums of squares, see ``specjax.attention.attend_new_tokens``), or None where the decode
     kernel does not apply (then RoPE, ``cache.write`` and ``attend`` run as separate steps).
     ``tree = (visible_TW, offset)``: draft-tree rows (``specjax.attention.tree_mask``), in the kernel while
-    the tree's slots fit its 31 mask bits."""
+    the tree's slots fit its 32 mask bits."""
     B, T, N, d = qkv_BTNd.shape
     q_shape = jax.ShapeDtypeStruct((B, T, n_heads, d), k_BSGd.dtype)
     if not (applies_decode(q_shape, k_BSGd, v_BSGd) and decode_kernel_enabled()
@@ -101,8 +105,16 @@ def rope_attend_write(qkv_BTNd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array,
     extra = {}
     if tree is not None:
         bits = tree_bits(tree[0])
-        if bits is None or not 0 <= tree[1] <= 31 - T:
+        if bits is None or not 0 <= tree[1] <= 32 - T:
             return None
         extra = dict(tree_bits_T=jnp.asarray(bits), tree_offset=int(tree[1]))
     return rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads=n_heads,
                                 norm_dim=norm_dim, norm_eps=norm_eps, **extra)
+
+
+def move_rows(arrays: tuple[jax.Array, ...], start_B: jax.Array, rows_BR: jax.Array):
+    """``specjax.cache.gather_rows`` for all arrays in one kernel (``pallas_kernels.move_rows``), or None off a
+    GPU backend or with ``SPECJAX_MOVE_ROWS=0`` (read at trace time, as ``SPECJAX_DECODE_KERNEL``)."""
+    if not _gpu_backend() or os.environ.get("SPECJAX_MOVE_ROWS", "1") == "0":
+        return None
+    return move_rows_kernel(tuple(arrays), start_B, rows_BR)

@@ -104,11 +104,11 @@ def attend_new_tokens(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_hea
     [B, T, H + 2G + 1, d], whose entries are each token's sum of squares over the D elements of the
     layer's input (``layers.linear_sumsq``), and q|k|v are those of the input not yet divided by its
     rms: every token's q|k|v is first scaled by RMSNorm's 1/rms (the matmul is linear, so this is the
-    norm). On Hopper with T <= 16 (decode, verify) and ``compute_dtype="param"`` the steps run as one
+    norm). On Hopper with T <= 32 (decode, verify, tree rows) and ``compute_dtype="param"`` the steps run as one
     kernel (``pallas_kernels.dispatch.rope_attend_write``); the code below is their definition and runs
     everywhere else. ``tree = (visible_TW, offset)``: the rows are draft-tree nodes (their positions, in
     cos/sin, are not their slots); the causal mask becomes ``tree_mask(visible_TW, start_B - offset)`` (the
-    kernel takes it as bits while the tree's slots number <= 31)."""
+    kernel takes it as bits while the tree's slots number <= 32)."""
     dispatch = _dispatch()
     if dispatch is not None and compute_dtype == "param":
         out = dispatch.rope_attend_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads, norm, tree)

@@ -74,7 +74,16 @@ def set_lengths(cache: KVCache, lengths_B: jax.Array) -> KVCache:
 
 def gather_rows(cache: KVCache, start_B: jax.Array, rows_BR: jax.Array) -> KVCache:
     """Every layer's slots ``start_B + r`` for ``r`` in ``rows_BR[b]`` moved to ``start_B + 0..R-1`` (the
-    accepted path of a draft tree into position order; other slots keep their rows). Lengths unchanged."""
+    accepted path of a draft tree into position order; other slots keep their rows). Lengths unchanged.
+    On Hopper one kernel moves the rows of all layers (``pallas_kernels.move_rows``; as XLA ops it is a
+    gather and an update per array, ~120 launches for SmolLM2); the code below is its definition."""
+    from specjax.attention import _dispatch  # the kernel dispatch lives with attention (which imports this module)
+    dispatch = _dispatch()
+    moved = None if dispatch is None else dispatch.move_rows(cache.k + cache.v, start_B, rows_BR)
+    if moved is not None:
+        n = len(cache.k)
+        return cache.replace(k=moved[:n], v=moved[n:])
+
     def one(c_SGd, r_R, s):
         return jax.lax.dynamic_update_slice(c_SGd, jnp.take(c_SGd, s + r_R, axis=0, mode="clip"), (s, 0, 0))
 

@@ -11,7 +11,7 @@ import pytest
 from jax._src import mesh as mesh_lib
 
 from pallas_kernels import dispatch
-from pallas_kernels.decode_attention import (MAX_QUERIES, TuningConfig, decode_attention,
+from pallas_kernels.decode_attention import (WIDE_QUERIES, TuningConfig, decode_attention,
                                              decode_attention_reference, default_config, packed_rows,
                                              rope_attention_write, rope_attention_write_reference,
                                              split_geometry)
@@ -66,7 +66,8 @@ _N = list(CONFIGS)
 INTERP_CASES = ([(T, R, (64, 128)[(i + j) % 2], "bfloat16", _N[(i + 2 * j) % 3])
                  for i, T in enumerate((1, 5, 8)) for j, R in enumerate((1, 3, 4))]
                 + [(5, 1, 64, "float16", _N[0]), (5, 3, 64, "float16", _N[1]), (1, 4, 128, "float16", _N[2]),
-                   (8, 3, 128, "float16", _N[0]), (5, 3, 256, "bfloat16", _N[1])])
+                   (8, 3, 128, "float16", _N[0]), (5, 3, 256, "bfloat16", _N[1]),
+                   (24, 3, 64, "bfloat16", _N[0]), (32, 1, 128, "bfloat16", _N[2])])  # the wide layout (T > 16)
 
 
 @pytest.mark.parametrize("T,R,d,dtype,name", INTERP_CASES)
@@ -99,6 +100,14 @@ def test_interpreter_t1_equals_verify_row_bitwise(name):
     q_pos = jnp.asarray([[60], [120]], jnp.int32) + jnp.arange(T, dtype=jnp.int32)[None]
     run = lambda *a: decode_attention(*a, config=CONFIGS[name], interpret=True)
     _assert_t1_equals_verify_rows(q, k, v, q_pos, run)
+
+
+def test_interpreter_t1_equals_wide_verify_row_bitwise():
+    """The wide layout (T = 20 packs R * 32 rows: two 64-row tiles) gives each query the bits of a T = 1 call."""
+    B, T, H, S, G, d = 2, 20, 6, 150, 2, 64
+    q, k, v = _inputs(13, B, T, H, S, G, d, "bfloat16")
+    q_pos = jnp.asarray([[50], [125]], jnp.int32) + jnp.arange(T, dtype=jnp.int32)[None]
+    _assert_t1_equals_verify_rows(q, k, v, q_pos, lambda *a: decode_attention(*a, config=SPLIT, interpret=True))
 
 
 def test_interpreter_row_that_sees_nothing_is_zero():
@@ -140,12 +149,12 @@ def _check_fused(args, H, cfg, interpret=True, tol=1e-2):
 
 
 FUSED_CASES = [(1, 3, 64, "bfloat16"), (5, 3, 64, "bfloat16"), (8, 4, 128, "float16"), (16, 1, 64, "bfloat16"),
-               (5, 3, 256, "bfloat16")]
+               (5, 3, 256, "bfloat16"), (32, 3, 64, "bfloat16")]
 
 
 # each shape with one or two configs, each config on two or three shapes (not all 15 pairs: CI time)
 FUSED_RUNS = [(0, "split"), (0, "one"), (1, "default"), (2, "split"), (3, "one"), (3, "default"), (4, "split"),
-              (4, "default")]
+              (4, "default"), (5, "split")]
 
 
 @pytest.mark.parametrize("T,R,d,dtype,name", [FUSED_CASES[i] + (n,) for i, n in FUSED_RUNS])
@@ -190,12 +199,31 @@ def test_interpreter_fused_tree_rows_match_reference(name, offset):
     assert np.linalg.norm(np.asarray(causal) - np.asarray(ref_o)) / np.linalg.norm(np.asarray(ref_o)) > 0.1
 
 
+def test_interpreter_fused_wide_tree_matches_reference():
+    """A 31-node tree's verify (32 rows, the wide layout; bit 31, the sign bit, marks the last slot) against
+    the reference, with ragged starts."""
+    from specjax.speculative.tree import Tree
+    tree = Tree(((0,), (1,), (2,)) + tuple((i, j) for i in range(3) for j in range(3))
+                + tuple((0, 0, j) for j in range(8)) + tuple((0, 0, 0, j) for j in range(11)))
+    bits = jnp.asarray(dispatch.tree_bits(tree.ancestors))
+    assert tree.num_nodes + 1 == 32 and int(bits[-1]) < 0
+    B, T, H, G, d, S = 2, 32, 6, 2, 64, 150
+    args = _fused_inputs(9, B, T, H, G, d, S, "bfloat16", [0, 100])
+    o, k, v = rope_attention_write(*args, n_heads=H, config=SPLIT, interpret=True, tree_bits_T=bits)
+    ref_o, ref_k, ref_v = rope_attention_write_reference(*args, n_heads=H, tree_bits_T=bits)
+    np.testing.assert_array_equal(np.asarray(v), np.asarray(ref_v))
+    rel = np.linalg.norm(np.asarray(o) - np.asarray(ref_o)) / np.linalg.norm(np.asarray(ref_o))
+    assert rel < 1e-2, rel
+    causal = rope_attention_write_reference(*args, n_heads=H)[0]
+    assert np.linalg.norm(np.asarray(causal) - np.asarray(ref_o)) / np.linalg.norm(np.asarray(ref_o)) > 0.1
+
+
 def test_fused_tree_rejects_bad_bits():
     args = _fused_inputs(7, 1, 9, 6, 2, 64, 150, "bfloat16", [3])
     with pytest.raises(ValueError, match="tree_bits must be"):
         rope_attention_write(*args, n_heads=6, interpret=True, tree_bits_T=jnp.zeros(8, jnp.int32))
     with pytest.raises(ValueError, match="tree_bits must be"):
-        rope_attention_write(*args, n_heads=6, interpret=True, tree_bits_T=jnp.zeros(9, jnp.int32), tree_offset=23)
+        rope_attention_write(*args, n_heads=6, interpret=True, tree_bits_T=jnp.zeros(9, jnp.int32), tree_offset=24)
 
 
 def _with_sumsq_head(args, D=96):
@@ -261,8 +289,8 @@ def test_fused_entry_rejects_bad_inputs():
         rope_attention_write(f32(1, 1, 9, 64), bf(1, 32, 2, 64), bf(1, 32, 2, 64), f32(1, 1, 64), f32(1, 1, 64),
                              start, n_heads=6)
     with pytest.raises(ValueError, match="queries"):
-        rope_attention_write(f32(1, 17, 10, 64), bf(1, 32, 2, 64), bf(1, 32, 2, 64), f32(1, 17, 64),
-                             f32(1, 17, 64), start, n_heads=6)
+        rope_attention_write(f32(1, 33, 10, 64), bf(1, 32, 2, 64), bf(1, 32, 2, 64), f32(1, 33, 64),
+                             f32(1, 33, 64), start, n_heads=6)
     with pytest.raises(ValueError, match="dtype"):
         rope_attention_write(f32(1, 1, 10, 64), f32(1, 32, 2, 64), f32(1, 32, 2, 64), f32(1, 1, 64),
                              f32(1, 1, 64), start, n_heads=6)
@@ -291,7 +319,7 @@ def test_entry_rejects_bad_inputs():
     bf = lambda *s: jnp.zeros(s, jnp.bfloat16)
     pos = lambda B, T: jnp.zeros((B, T), jnp.int32)
     with pytest.raises(ValueError, match="queries"):
-        decode_attention(bf(1, MAX_QUERIES + 1, 4, 64), bf(1, 32, 2, 64), bf(1, 32, 2, 64), pos(1, 17))
+        decode_attention(bf(1, WIDE_QUERIES + 1, 4, 64), bf(1, 32, 2, 64), bf(1, 32, 2, 64), pos(1, 33))
     with pytest.raises(ValueError, match="dtype"):
         decode_attention(jnp.zeros((1, 1, 4, 64)), bf(1, 32, 2, 64), bf(1, 32, 2, 64), pos(1, 1))
     with pytest.raises(ValueError, match="H % G"):
@@ -356,18 +384,18 @@ def _route(T, d=64):
 
 
 def test_dispatch_routes_by_query_count(monkeypatch):
-    """Traced only (no kernel runs): T <= 16 -> decode kernel, longer -> FA3; env var restores the old
+    """Traced only (no kernel runs): T <= 32 -> decode kernel, longer -> FA3; env var restores the old
     routing; on a non-GPU backend the decode kernel never applies."""
     assert _route(1) is None                                       # this CPU host
     monkeypatch.setattr(dispatch, "_gpu_backend", lambda: True)
-    assert [_route(T) for T in (1, 2, 16, 17)] == ["decode", "decode", "decode", "fa3"]
+    assert [_route(T) for T in (1, 2, 16, 17, 32, 33)] == ["decode"] * 5 + ["fa3"]
     assert _route(1, d=256) is None and _route(5, d=256) == "fa3"   # d=256: FA3 only
     monkeypatch.setenv("SPECJAX_DECODE_KERNEL", "0")
-    assert [_route(T) for T in (1, 2, 16, 17)] == [None, "fa3", "fa3", "fa3"]
+    assert [_route(T) for T in (1, 2, 16, 33)] == [None, "fa3", "fa3", "fa3"]
 
 
 def test_model_attention_routes_to_fused_kernel(monkeypatch):
-    """Traced only: on Hopper the model's attention over T <= 16 new tokens is one fused kernel (no
+    """Traced only: on Hopper the model's attention over T <= 32 new tokens is one fused kernel (no
     separate cache write), longer T and compute_dtype="float32" take RoPE + write + attend."""
     from specjax import attention
     monkeypatch.setattr(attention, "_use_kernels", lambda: True)
@@ -381,7 +409,8 @@ def test_model_attention_routes_to_fused_kernel(monkeypatch):
                                      sds((1, T, 64), jnp.float32), sds((1,), jnp.int32)))
     one = text(1)
     assert "rope_attention_write" in one and "dynamic_update_slice" not in one
-    assert "rope_attention_write" not in text(17) and "rope_attention_write" not in text(1, "float32")
+    assert "rope_attention_write" in text(32) and "rope_attention_write" not in text(33)
+    assert "rope_attention_write" not in text(1, "float32")
     # RMSNorm folded in (a one-row decode step): one more head, the kernel in norm mode
     f = lambda qkv, k, v, c, s, st: attention.attend_new_tokens(qkv, k, v, c, s, st, 6, norm=(96, 1e-5))
     sds = jax.ShapeDtypeStruct
@@ -394,7 +423,7 @@ def test_model_attention_routes_to_fused_kernel(monkeypatch):
 
 def test_tree_rows_route_to_the_kernel_while_their_slots_fit_its_bits(monkeypatch):
     """Traced only: draft-tree rows (``tree=(visible, offset)``) take the fused kernel with their bits while
-    the tree's slots number <= 31; a wider tree (the EAGLE-3 head's 63-node levels) takes the masked XLA path."""
+    the tree's slots number <= 32; a wider tree (the EAGLE-3 head's 63-node levels) takes the masked XLA path."""
     from specjax import attention
     monkeypatch.setattr(attention, "_use_kernels", lambda: True)
     monkeypatch.setattr(dispatch, "_gpu_backend", lambda: True)
@@ -407,6 +436,8 @@ def test_tree_rows_route_to_the_kernel_while_their_slots_fit_its_bits(monkeypatc
         return str(jax.make_jaxpr(f)(sds((1, T, 10, 64), jnp.float32), cache, cache, sds((1, T, 64), jnp.float32),
                                      sds((1, T, 64), jnp.float32), sds((1,), jnp.int32)))
     assert "rope_attention_write" in text(16, 16, 0) and "rope_attention_write" in text(8, 31, 23)
+    assert "rope_attention_write" in text(32, 32, 0) and "rope_attention_write" in text(8, 32, 24)
+    assert "rope_attention_write" not in text(8, 33, 25)
     assert dispatch.tree_bits(np.tril(np.ones((3, 3), bool))).tolist() == [1, 3, 7]
     wide = text(8, 63, 30)
     assert "rope_attention_write" not in wide and "dynamic_update_slice" in wide
@@ -445,18 +476,18 @@ GPU_SHAPES = {"smollm2": (9, 3, 64), "llama3-8b": (32, 8, 128), "mha128": (8, 8,
                                                                     ("default", "one", "split"))))
 def test_gpu_matches_float32_reference(dtype, shape, name):
     H, G, d = GPU_SHAPES[shape]
-    for B, T, S in ((3, 1, 300), (3, 5, 300), (3, 16, 2048), (2, 1, 2048)):
+    for B, T, S in ((3, 1, 300), (3, 5, 300), (3, 16, 2048), (2, 1, 2048), (2, 32, 700)):
         q, k, v = _inputs(T + S + d, B, T, H, S, G, d, dtype)
         q_pos = _ragged_positions(B, T, S)
         cfg = CONFIGS[name] or default_config(B, G, H // G, d)
-        rows = packed_rows(H // G, cfg.block_m)
+        rows = packed_rows(H // G, cfg.block_m, 32)
         _poison((B, T, H, d), (B, G, rows, d), (B, G, split_geometry(S, cfg)[0], rows, d))
         o = decode_attention(q, k, v, q_pos, config=cfg)
         _check_close(q, k, v, q_pos, o, tol=1e-2 if dtype == "bfloat16" else 2e-3)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape,name,T", list(itertools.product(("smollm2", "llama3-8b"), CONFIGS, (3, 9, 16))))
+@pytest.mark.parametrize("shape,name,T", list(itertools.product(("smollm2", "llama3-8b"), CONFIGS, (3, 9, 16, 24))))
 def test_gpu_t1_equals_verify_row_bitwise(shape, name, T):
     H, G, d = GPU_SHAPES[shape]
     B, S = 3, 1024

@@ -200,12 +200,14 @@ def test_tree_options_are_checked(target, drafters):
 @pytest.mark.gpu
 @pytest.mark.parametrize("B", [1, 2])
 def test_gpu_tree_forward_kernel_vs_reference(monkeypatch, B):
-    """On Hopper, a bf16 tree forward of 16 rows (the decode kernel in tree mode) and of 64 rows (the masked
-    XLA path) against SPECJAX_ATTENTION=reference: close logits."""
+    """On Hopper, a bf16 tree forward of 16 and 32 rows (the decode kernel in tree mode) and of 64 rows (the
+    masked XLA path) against SPECJAX_ATTENTION=reference: close logits."""
     from specjax import config
     cfg = config.tiny(d_model=384, n_heads=6, n_kv_heads=2, ffn_dim=512, vocab_size=512)
     params = model.init_params(cfg, jax.random.key(0), dtype=jnp.bfloat16)
     small = Tree(tuple((0,) * i + (r,) for i in range(5) for r in range(3))[:15])
+    mid = Tree(tuple((r,) for r in range(3)) + tuple((a, b) for a in range(3) for b in range(6))
+               + tuple((0, b, c) for b in range(2) for c in range(5)))
     big = Tree(tuple((r,) for r in range(7)) + tuple((a, b) for a in range(7) for b in range(8)))
     prompts = [list(range(3, 40)), list(range(50, 71))][:B]
 
@@ -215,12 +217,25 @@ def test_gpu_tree_forward_kernel_vs_reference(monkeypatch, B):
         return np.asarray(model.forward(params, cfg, toks, cache, tree_TT=tree.ancestors)[0])
 
     cache = _prefilled(cfg, params, prompts, capacity=256, dtype=jnp.bfloat16)
-    text = str(jax.make_jaxpr(lambda t, c: model.forward(params, cfg, t, c, tree_TT=small.ancestors)[0])(
-        jnp.ones((B, 16), jnp.int32), cache))
-    assert "rope_attention_write" in text, "the 16-row tree did not take the decode kernel"
-    for tree in (small, big):
+    for tree in (small, mid):
+        text = str(jax.make_jaxpr(lambda t, c: model.forward(params, cfg, t, c, tree_TT=tree.ancestors)[0])(
+            jnp.ones((B, tree.num_nodes + 1), jnp.int32), cache))
+        assert "rope_attention_write" in text, f"the {tree.num_nodes + 1}-row tree did not take the decode kernel"
+    assert mid.num_nodes == 31
+    for tree in (small, mid, big):
         got = run(tree)
         with monkeypatch.context() as m:
             m.setenv("SPECJAX_ATTENTION", "reference")
             ref = run(tree)
         assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2
+
+
+def test_top_ranked_is_top_k_with_ties():
+    """A tree level's children by argmax passes (k <= 4) or top_k: the same indices, ties to the lower index."""
+    from specjax.speculative.drafters.base import top_ranked
+    x = jnp.asarray([[0.5, 2.0, 2.0, -1.0, 7.0, 0.5], [3.0, 3.0, 3.0, 3.0, 3.0, 3.0]])
+    for k in range(1, 7):
+        np.testing.assert_array_equal(top_ranked(x, k), jax.lax.top_k(x, k)[1])
+    assert top_ranked(x, 3).tolist() == [[4, 1, 2], [0, 1, 2]]
+    y = jax.random.normal(jax.random.key(0), (3, 5, 1000))
+    np.testing.assert_array_equal(top_ranked(y, 4), jax.lax.top_k(y, 4)[1])

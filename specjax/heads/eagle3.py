@@ -129,7 +129,7 @@ def step(params: dict, cfg: Eagle3Config, embed_VD: jax.Array, tokens_BT: jax.Ar
     cos, sin = rope_tables(c, pos_BT)
     x = layer_input(params, cfg, jnp.take(embed_VD, tokens_BT, axis=0), h_BTD)
     qkv_BTNd = linear(x, params["wqkv"]).reshape(B, T, c.n_heads + 2 * c.n_kv_heads, c.head_dim)
-    # RoPE, the cache writes and attention: one kernel on Hopper for T <= 16 (the target's layers use it too)
+    # RoPE, the cache writes and attention: one kernel on Hopper for T <= 32 (the target's layers use it too)
     o_BTHd, k_BSGd, v_BSGd = attention.attend_new_tokens(qkv_BTNd, cache.k[0], cache.v[0], cos, sin, start_B,
                                                          c.n_heads, tree=tree)
     return finish(params, cfg, h_BTD, o_BTHd), kv.KVCache(k=(k_BSGd,), v=(v_BSGd,), lengths_B=start_B + T)
