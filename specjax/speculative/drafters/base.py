@@ -138,18 +138,3 @@ def draw(key: jax.Array, logits_BV: jax.Array, sp: SamplingParams) -> tuple[jax.
         return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32), None
     q_BV = sampling.probs(logits_BV, sp)
     return sampling.sample_from_probs(key, q_BV), q_BV
-
-
-def top_ranked(logits_xV: jax.Array, k: int) -> jax.Array:
-    """int32 [..., k]: the indices of the k largest logits, best first (a tree level's children), as
-    ``lax.top_k``'s (ties to the lower index). Small k as k argmax passes, each masking the previous pick: one
-    reduction kernel per rank on a GPU, where XLA's top-k kernel costs ~10 us a call (benchmarks/NOTES.md
-    item 33). The logits must be finite (a masked -inf could tie with a picked one)."""
-    if k > 4:
-        return jax.lax.top_k(logits_xV, k)[1].astype(jnp.int32)
-    col_V = jnp.arange(logits_xV.shape[-1], dtype=jnp.int32)
-    picks = []
-    for _ in range(k):
-        x = logits_xV if not picks else jnp.where(col_V == picks[-1][..., None], -jnp.inf, x)
-        picks.append(jnp.argmax(x, axis=-1).astype(jnp.int32))
-    return jnp.stack(picks, axis=-1)

@@ -18,8 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.heads import medusa
-from specjax.speculative.drafters.base import (Context, Drafter, Prefill, Proposal, Verified, draw, row_at,
-                                               top_ranked)
+from specjax.speculative.drafters.base import Context, Drafter, Prefill, Proposal, Verified, draw, row_at
 from specjax.speculative.tree import Tree
 
 
@@ -65,7 +64,7 @@ class Medusa(Drafter):
         logits_DBV = medusa.logits({name: x[:tree.depth] for name, x in dp.items()}, self.cfg, h_BD, tp)
         cols = []
         for d in range(1, tree.depth + 1):
-            top_BR = top_ranked(logits_DBV[d - 1], tree.top_k(d))
+            top_BR = jax.lax.top_k(logits_DBV[d - 1], tree.top_k(d))[1]
             lo, hi = tree.level(d)
             cols.append(top_BR[:, tree.ranks[lo:hi]])
         return jnp.concatenate(cols, axis=1).astype(jnp.int32)
