@@ -5,9 +5,10 @@
 
 Every piece runs N times inside one jit'ed ``fori_loop`` against a 1024-slot cache filled to 512, and its cost
 is (t(N=160) - t(N=40)) / 120 ms:
-- ``forward`` of the target over T rows: a chain's (causal, T = K+1) and a tree's (``tree_TT``: the masked
-  reference attention instead of the decode kernel), for the shipped heads' fitted trees;
-- ``gather_rows``: moving a depth-7 path's K/V into place in all 30 layers (what a tree cycle adds after verify);
+- ``forward`` of the target over T rows: a chain's (causal, T = K+1) and a tree's (``tree_TT``: the decode kernel's
+  tree mode up to 32 rows, XLA's masked attention above), for the shipped heads' fitted trees;
+- ``gather_rows``: moving a depth-7 path's K/V into place in all 30 layers (what a tree cycle adds after verify;
+  one kernel on Hopper, ``SPECJAX_MOVE_ROWS=0``: XLA's ops; measured on loop-invariant caches, so not in place);
 - ``tree_verify``: greedy verification of the tree's rows (argmax + the ancestor check);
 - ``medusa propose`` / ``eagle3 propose``: the drafter's proposal alone (random heads), chain and tree.
 (``--shape llama3-8b``: the forward rows only, 8 vs 32 calls.) Then whole cycles (``speculative_generate``;
