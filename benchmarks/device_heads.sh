@@ -56,7 +56,7 @@ case "$1" in
     G=$SPECJAX_HOME/models/smollm2-135m-instruct.gguf
     for ds in ${DATASETS:-humaneval mtbench}; do
       timeout "${2:-280}" python3 benchmarks/bench_speculative.py --gguf $G --prompts .carry/b/prompt_ids.json \
-        --dataset $ds --methods "${METHODS:-ar,eagle3:7,draft:7,medusa:4}" --tag ${TAG:-_heads} --limit ${LIMIT:-0} \
+        --dataset $ds --methods "${METHODS:-ar,eagle3:7,eagle3:t31,draft:7,medusa:4}" --tag ${TAG:-_heads} --limit ${LIMIT:-0} \
         ${NEW_HEAD:+--head new=$NEW_HEAD} ${PAD:+--pad $PAD} 2>&1 | grep -v "^{" | tail -12
     done
     cp benchmarks/results/spec_*${TAG:-_heads}.* $OUT/ ;;
