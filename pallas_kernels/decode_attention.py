@@ -21,9 +21,10 @@ per row. Key blocks (and whole splits) that lie entirely past the largest positi
 are never loaded, so the work follows the filled length, not the capacity. Exception, for latency:
 with one key block per split (``split_blocks=1``, the default for small B * G) a program loads and
 computes its block before the positions arrive (keys past them are masked) and only its stores wait
-on them; splits past the filled length then cost a masked block each, in parallel. Kernel 2
-merges, row by row in split order, the partials of the splits that hold a visible key (its loop over
-splits unrolled by ``SPLITS_PER_STEP``, so their loads overlap). When S fits
+on them; splits past the filled length then cost a masked block each, in parallel. Kernel 2 (one
+program per ``COMBINE_ROWS`` packed rows, so a verify's rows spread over several programs) merges, row
+by row in split order, the partials of the splits that hold a visible key (its loop over splits
+unrolled by ``SPLITS_PER_STEP``, so their loads overlap). When S fits
 in one split, kernel 1 normalises and writes the output itself and kernel 2 is skipped; a row that
 sees only split 0 gets the same bits either way, so a query's output does not depend on the cache
 capacity S either (AR and speculative loops may bucket their caches differently).
@@ -63,7 +64,9 @@ from jax.experimental.pallas import triton as plgpu
 
 MAX_QUERIES = 16       # largest T of the usual layout; it fixes the packed row count R * MAX_QUERIES
 WIDE_QUERIES = 32      # largest T: calls of 17..32 queries pack R * WIDE_QUERIES rows (more tiles, same shape)
-SPLITS_PER_STEP = 8    # the combine kernel's loop over splits is unrolled by this factor
+COMBINE_ROWS = 16      # packed rows per program of the combine kernel (divides every block_m)
+SPLITS_PER_STEP = 8    # the combine kernel's merge loop over splits is unrolled by this factor
+MAX_SPLITS_PER_STEP = 32  # ... and its max pass (it loads only m) by this one
 _LOG2E = math.log2(math.e)
 
 # jax 0.11 warns at every lowering of a Triton-backend pallas_call; keep model users' output clean.
@@ -146,10 +149,12 @@ class _Layout:
         return self.H // self.G
 
 
-def _tile_rows(L: _Layout, g, i):
-    """Packed rows ``m = t * R + r`` of tile i of kv head g: (t clamped to a valid query, the row of
-    that query in the source array, the row of its output in ``[T * H, d]``, valid = t < T)."""
-    m = i * L.block_m + lax.broadcasted_iota(jnp.int32, (L.block_m,), 0)
+def _tile_rows(L: _Layout, g, i, rows: int | None = None):
+    """Packed rows ``m = t * R + r`` of tile i (of ``rows`` rows, default ``block_m``) of kv head g: (t clamped
+    to a valid query, the row of that query in the source array, the row of its output in ``[T * H, d]``,
+    valid = t < T)."""
+    rows = L.block_m if rows is None else rows
+    m = i * rows + lax.broadcasted_iota(jnp.int32, (rows,), 0)
     t, r = m // L.R, m % L.R
     valid = t < L.T
     t = jnp.where(valid, t, 0)
@@ -335,44 +340,55 @@ def _split_kernel(*refs, L: _Layout):
 
 
 def _combine_kernel(pos_ref, o_ref, m_ref, l_ref, out_ref, *, L: _Layout):
-    """Kernel 2: one program = (b, g, row tile); merges row by row, in split order, the partials of
-    the splits kernel 1 ran for this tile (those up to the tile's last visible key).
+    """Kernel 2: one program = (b, g, chunk of ``COMBINE_ROWS`` packed rows); merges row by row, in split
+    order, the partials of the splits kernel 1 ran for the chunk's tile (those up to its last visible key).
+    A chunk with no valid row (t >= T) returns at once.
 
-    pos_ref [T]; o_ref [n_splits, block_m, d] (rows a split did not see are unwritten and never
-    loaded), m_ref / l_ref [n_splits, block_m]; out_ref [T * H, d] float32 (this tile's rows)."""
-    t_M, _, dst_M, valid_M = _tile_rows(L, pl.program_id(1), pl.program_id(2))
-    pos_M = jnp.where(valid_M, plgpu.load(pos_ref.at[t_M]), -1)
-    n_active = lax.div(jnp.maximum(_last_key(pos_M, L.S) + 1, 0) + L.split_len - 1, L.split_len)
-    M = L.block_m
+    pos_ref [T]; o_ref [n_splits, COMBINE_ROWS, d] (rows a split did not see are unwritten: loaded, then
+    replaced by 0), m_ref / l_ref [n_splits, COMBINE_ROWS]; out_ref [T * H, d] float32 (the chunk's rows)."""
+    M = COMBINE_ROWS
+    c = pl.program_id(2)
+    t_M, _, dst_M, valid_M = _tile_rows(L, pl.program_id(1), c, M)
 
-    def stats(j):  # split j's (m, l) per row; a split past the tile's last key counts as having seen nothing
-        exists = jnp.broadcast_to(j < L.n_splits, (M,))  # (the last chunk may run past the splits)
-        m_j = plgpu.load(m_ref.at[jnp.minimum(j, L.n_splits - 1)], mask=exists, other=-jnp.inf)
-        l_j = plgpu.load(l_ref.at[jnp.minimum(j, L.n_splits - 1)], mask=exists, other=0.0)
-        active = j < n_active
-        return jnp.where(active, m_j, -jnp.inf), jnp.where(active, l_j, 0.0)
+    @pl.when(c * M < L.T * L.R)
+    def _():
+        # Splits past the chunk's last key hold nothing for its rows (m = -inf where kernel 1 ran them).
+        pos_M = jnp.where(valid_M, plgpu.load(pos_ref.at[t_M]), -1)
+        n_active = lax.div(jnp.maximum(_last_key(pos_M, L.S) + 1, 0) + L.split_len - 1, L.split_len)
+        n_live = jnp.minimum(n_active, L.n_splits)
 
-    def merge(j, carry):
-        acc_Md, l_M = carry
-        m_j, l_j = stats(j)
-        w_M = jnp.where(m_j == m_max, 1.0, jnp.exp2(m_j - m_use))  # 0 where split j saw nothing
-        o_j = plgpu.load(o_ref.at[jnp.minimum(j, L.n_splits - 1)], mask=_rows2d(m_j > -jnp.inf, L.d), other=0.0)
-        return acc_Md + o_j * w_M[:, None], l_M + l_j * w_M
+        def stats(j):  # split j's (m, l) per row; a split kernel 1 did not run counts as having seen nothing
+            live = jnp.broadcast_to(j < n_live, (M,))
+            jj = jnp.minimum(j, L.n_splits - 1)
+            return (plgpu.load(m_ref.at[jj], mask=live, other=-jnp.inf),
+                    plgpu.load(l_ref.at[jj], mask=live, other=0.0))
 
-    # Splits in chunks of SPLITS_PER_STEP, unrolled inside a loop whose trip count is static: their loads
-    # do not wait for the positions and issue together (a few memory round trips, not two per split), and
-    # caches of any capacity run the same loop body (same bits; only the trip count differs).
-    def over_splits(body):
-        return lambda c, carry: functools.reduce(lambda x, i: body(c * SPLITS_PER_STEP + i, x),
-                                                 range(SPLITS_PER_STEP), carry)
+        def merge(j, carry):
+            acc_Md, l_M = carry
+            m_j, l_j = stats(j)
+            w_M = jnp.where(m_j == m_max, 1.0, jnp.exp2(m_j - m_use))  # 0 where split j saw nothing
+            # The rows' loads wait only for the positions, not for m_j (one memory round trip per step, not
+            # two); rows split j did not see hold unwritten memory and are replaced by 0 (the old masked load's
+            # value, so the sum has the same bits).
+            live = _rows2d(valid_M & (j < n_live), L.d)
+            o_j = plgpu.load(o_ref.at[jnp.minimum(j, L.n_splits - 1)], mask=live, other=0.0)
+            o_j = jnp.where(_rows2d(m_j > -jnp.inf, L.d), o_j, 0.0)
+            return acc_Md + o_j * w_M[:, None], l_M + l_j * w_M
 
-    n_steps = -(-L.n_splits // SPLITS_PER_STEP)
-    m_max = lax.fori_loop(0, n_steps, over_splits(lambda j, m: jnp.maximum(m, stats(j)[0])),
-                          jnp.full((M,), -jnp.inf, jnp.float32))
-    m_use = jnp.where(m_max == -jnp.inf, 0.0, m_max)
-    init = (jnp.zeros((M, L.d), jnp.float32), jnp.zeros((M,), jnp.float32))
-    acc_Md, l_M = lax.fori_loop(0, n_steps, over_splits(merge), init)
-    _store_rows(out_ref, dst_M, _normalise(acc_Md, l_M), valid_M)
+        # Splits in chunks, unrolled inside a loop whose trip count is static: their loads issue together, and
+        # caches of any capacity run the same loop body (same bits; only the trip count differs). The max pass
+        # loads only m (COMBINE_ROWS floats per split), so it takes wider chunks.
+        def over_splits(body, per_step):
+            return lambda s, carry: functools.reduce(lambda x, i: body(s * per_step + i, x), range(per_step), carry)
+
+        m_max = lax.fori_loop(0, -(-L.n_splits // MAX_SPLITS_PER_STEP),
+                              over_splits(lambda j, m: jnp.maximum(m, stats(j)[0]), MAX_SPLITS_PER_STEP),
+                              jnp.full((M,), -jnp.inf, jnp.float32))
+        m_use = jnp.where(m_max == -jnp.inf, 0.0, m_max)
+        init = (jnp.zeros((M, L.d), jnp.float32), jnp.zeros((M,), jnp.float32))
+        acc_Md, l_M = lax.fori_loop(0, -(-L.n_splits // SPLITS_PER_STEP), over_splits(merge, SPLITS_PER_STEP),
+                                    init)
+        _store_rows(out_ref, dst_M, _normalise(acc_Md, l_M), valid_M)
 
 
 # ------------------------------------------------------------------------------------- builder
@@ -406,13 +422,14 @@ def _build(B: int, L: _Layout, cfg: TuningConfig, interpret: bool):
         pl.pallas_call, functools.partial(_split_kernel, L=L), grid=(B, L.G, tiles, n_splits),
         in_specs=in_specs, out_specs=out_specs, input_output_aliases=aliases, compiler_params=params,
         interpret=interpret, name="decode_attention")
+    C = COMBINE_ROWS
     combine = pl.pallas_call(
-        functools.partial(_combine_kernel, L=L), out_shape=o_shape, grid=(B, L.G, tiles),
-        in_specs=[pl.BlockSpec((None, L.T), lambda b, g, i: (b, 0)),
-                  pl.BlockSpec((None, None, n_splits, L.block_m, L.d), lambda b, g, i: (b, g, 0, i, 0)),
-                  pl.BlockSpec((None, None, n_splits, L.block_m), lambda b, g, i: (b, g, 0, i)),
-                  pl.BlockSpec((None, None, n_splits, L.block_m), lambda b, g, i: (b, g, 0, i))],
-        out_specs=pl.BlockSpec((None, L.T * L.H, L.d), lambda b, g, i: (b, 0, 0)),
+        functools.partial(_combine_kernel, L=L), out_shape=o_shape, grid=(B, L.G, tiles * L.block_m // C),
+        in_specs=[pl.BlockSpec((None, L.T), lambda b, g, c: (b, 0)),
+                  pl.BlockSpec((None, None, n_splits, C, L.d), lambda b, g, c: (b, g, 0, c, 0)),
+                  pl.BlockSpec((None, None, n_splits, C), lambda b, g, c: (b, g, 0, c)),
+                  pl.BlockSpec((None, None, n_splits, C), lambda b, g, c: (b, g, 0, c))],
+        out_specs=pl.BlockSpec((None, L.T * L.H, L.d), lambda b, g, c: (b, 0, 0)),
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1), interpret=interpret,
         name="decode_attention_combine")
 

@@ -1,0 +1,72 @@
+"""GPU probe: the decode/verify attention call (``rope_attention_write``: split kernel + combine kernel) of
+this checkout against another version of ``pallas_kernels/decode_attention.py`` (``--old PATH``, e.g.
+``git show REV:pallas_kernels/decode_attention.py > /tmp/old.py``), in one process, alternating which runs
+first. Median CUPTI time of the whole call (all its kernels), and whether the two give the same bits.
+
+    python3 benchmarks/combine_probe.py --old /tmp/old.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import importlib.util
+import itertools
+import sys
+
+import jax
+import numpy as np
+
+from pallas_kernels import decode_attention as new
+
+
+def _load(path: str):
+    spec = importlib.util.spec_from_file_location("old_decode_attention", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main(argv=None) -> None:
+    from jax.experimental.mosaic.gpu import profiler
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--old", required=True, help="path of the decode_attention.py to compare against")
+    ap.add_argument("--iterations", type=int, default=50)
+    ap.add_argument("--rounds", type=int, default=2)
+    a = ap.parse_args(argv)
+    old = _load(a.old)
+
+    def us(f, *args):
+        _, ms = profiler.measure(f, iterations=a.iterations)(*args)
+        return 1000 * float(np.median(ms))
+
+    print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, {datetime.date.today()}: "
+          f"python3 benchmarks/combine_probe.py --old {a.old} --iterations {a.iterations} --rounds {a.rounds}")
+    print("| model | B | T | S | splits | old us (per round) | new us (per round) | old / new | same bits |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    shapes = {"smollm2": (9, 3, 64), "llama3-8b": (32, 8, 128)}
+    for (name, (H, G, d)), B, T, S in itertools.chain(
+            itertools.product([("smollm2", shapes["smollm2"])], (1,), (1, 8, 16, 32), (512, 1024, 2048)),
+            itertools.product([("llama3-8b", shapes["llama3-8b"])], (1,), (1, 8), (1024,)),
+            itertools.product([("smollm2", shapes["smollm2"])], (8,), (1, 8), (1024,))):
+        args = new._bench_inputs(B, T, H, G, d, S)
+        cfg = new.default_config(B, G, H // G, d)
+        splits = new.split_geometry(S, cfg)[0]
+        f_new = jax.jit(functools.partial(new.rope_attention_write, n_heads=H, config=cfg))
+        f_old = jax.jit(functools.partial(old.rope_attention_write, n_heads=H,
+                                          config=old.TuningConfig(**vars(cfg))))
+        same = all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(f_new(*args), f_old(*args)))
+        t_old, t_new = [], []
+        for r in range(a.rounds):
+            pair = [(f_old, t_old), (f_new, t_new)]
+            for f, acc in (pair if r % 2 == 0 else pair[::-1]):
+                acc.append(us(f, *args))
+        mo, mn = np.median(t_old), np.median(t_new)
+        print(f"| {name} | {B} | {T} | {S} | {splits} | " + " / ".join(f"{t:.1f}" for t in t_old) + " | "
+              + " / ".join(f"{t:.1f}" for t in t_new) + f" | {mo / mn:.2f}x | {same} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
