@@ -3,7 +3,10 @@ this checkout against another version of ``pallas_kernels/decode_attention.py`` 
 ``git show REV:pallas_kernels/decode_attention.py > /tmp/old.py``), in one process, alternating which runs
 first. Median CUPTI time of the whole call (all its kernels), and whether the two give the same bits.
 
-    python3 benchmarks/combine_probe.py --old /tmp/old.py
+    python3 benchmarks/combine_probe.py --old /tmp/old.py [--kernels]
+
+``--kernels`` instead traces 20 calls per case (SmolLM2 shape, B=1, S=1024, T = 1, 8, 32; the old file, and this
+one at block_m 16 / 32 / 64) and lists each kernel's mean duration per call (perfetto trace).
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ import argparse
 import datetime
 import functools
 import importlib.util
+import collections
 import itertools
+import re
 import sys
 
 import jax
@@ -35,8 +40,11 @@ def main(argv=None) -> None:
     ap.add_argument("--old", required=True, help="path of the decode_attention.py to compare against")
     ap.add_argument("--iterations", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--kernels", action="store_true", help="per-kernel durations from a trace (see above)")
     a = ap.parse_args(argv)
     old = _load(a.old)
+    if a.kernels:
+        return kernels(old)
 
     def us(f, *args):
         _, ms = profiler.measure(f, iterations=a.iterations)(*args)
@@ -66,6 +74,29 @@ def main(argv=None) -> None:
         mo, mn = np.median(t_old), np.median(t_new)
         print(f"| {name} | {B} | {T} | {S} | {splits} | " + " / ".join(f"{t:.1f}" for t in t_old) + " | "
               + " / ".join(f"{t:.1f}" for t in t_new) + f" | {mo / mn:.2f}x | {same} |", flush=True)
+
+
+def kernels(old) -> None:
+    import dataclasses
+    import profile_decode
+    print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, {datetime.date.today()}: "
+          f"python3 benchmarks/combine_probe.py --old ... --kernels (SmolLM2 shape, B=1, S=1024; mean us per call)")
+    print("| version | block_m | T | kernel | us per call |\n|---|---|---|---|---|")
+    H, G, d, S, n = 9, 3, 64, 1024, 20
+    for T in (1, 8, 32):
+        args = new._bench_inputs(1, T, H, G, d, S)
+        cfg = new.default_config(1, G, H // G, d)
+        cases = [("old", old, old.TuningConfig(**vars(cfg)))] + [
+            ("new", new, dataclasses.replace(cfg, block_m=bm)) for bm in (16, 32, 64)]
+        for label, mod, c in cases:
+            f = jax.jit(functools.partial(mod.rope_attention_write, n_heads=H, config=c))
+            jax.block_until_ready(f(*args))
+            _, events = profile_decode.gpu_events(lambda: [jax.block_until_ready(f(*args)) for _ in range(n)])
+            us = collections.Counter()
+            for e in events:
+                us[re.sub(r"[._]\d+$", "", e["name"])[:60]] += e["dur"] / n
+            for name, t in sorted(us.items(), key=lambda x: -x[1]):
+                print(f"| {label} | {c.block_m} | {T} | {name} | {t:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
