@@ -6,7 +6,8 @@ first. Median CUPTI time of the whole call (all its kernels), and whether the tw
     python3 benchmarks/combine_probe.py --old /tmp/old.py [--kernels]
 
 ``--kernels`` instead traces 20 calls per case (SmolLM2 shape, B=1, S=1024, T = 1, 8, 32; the old file, and this
-one at block_m 16 / 32 / 64) and lists each kernel's mean duration per call (perfetto trace).
+one at block_m 16 / 32 / 64) and lists each kernel's mean duration per call (perfetto trace). ``--variants 16x8,8x8``
+traces this file's kernels the same way with ``COMBINE_ROWS`` x ``SPLITS_PER_STEP`` set to each pair (``--old`` unused).
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ def main(argv=None) -> None:
     ap.add_argument("--iterations", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--kernels", action="store_true", help="per-kernel durations from a trace (see above)")
+    ap.add_argument("--variants", default="", help="COMBINE_ROWSxSPLITS_PER_STEP pairs, e.g. 16x8,8x8 (see above)")
     a = ap.parse_args(argv)
+    if a.variants:
+        return variants([tuple(map(int, v.split("x"))) for v in a.variants.split(",")])
     old = _load(a.old)
     if a.kernels:
         return kernels(old)
@@ -97,6 +101,39 @@ def kernels(old) -> None:
                 us[re.sub(r"[._]\d+$", "", e["name"])[:60]] += e["dur"] / n
             for name, t in sorted(us.items(), key=lambda x: -x[1]):
                 print(f"| {label} | {c.block_m} | {T} | {name} | {t:.2f} |", flush=True)
+
+
+def _kernel_us(f, args, n=20) -> dict:
+    import profile_decode
+    jax.block_until_ready(f(*args))
+    _, events = profile_decode.gpu_events(lambda: [jax.block_until_ready(f(*args)) for _ in range(n)])
+    us = collections.Counter()
+    for e in events:
+        us[re.sub(r"[._]\d+$", "", e["name"])[:60]] += e["dur"] / n
+    return us
+
+
+def variants(pairs) -> None:
+    print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, {datetime.date.today()}: python3 "
+          f"benchmarks/combine_probe.py --variants {','.join(f'{r}x{k}' for r, k in pairs)} (SmolLM2 shape, B=1, "
+          f"S=1024; mean us per call over 20 traced calls)")
+    print("| COMBINE_ROWS x SPLITS_PER_STEP | T | combine us | split kernel us | same bits as the first |\n"
+          "|---|---|---|---|---|")
+    H, G, d, S = 9, 3, 64, 1024
+    for T in (1, 8, 32):
+        args = new._bench_inputs(1, T, H, G, d, S)
+        cfg = new.default_config(1, G, H // G, d)
+        first = None
+        for rows, per_step in pairs:
+            new.COMBINE_ROWS, new.SPLITS_PER_STEP = rows, per_step
+            jax.clear_caches()
+            f = jax.jit(functools.partial(new.rope_attention_write, n_heads=H, config=cfg))
+            out = [np.asarray(x) for x in f(*args)]
+            first = out if first is None else first
+            us = _kernel_us(f, args)
+            same = all(np.array_equal(x, y) for x, y in zip(out, first))
+            print(f"| {rows} x {per_step} | {T} | {us['decode_attention_combine']:.2f} | "
+                  f"{us['decode_attention']:.2f} | {same} |", flush=True)
 
 
 if __name__ == "__main__":

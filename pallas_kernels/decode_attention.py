@@ -64,8 +64,8 @@ from jax.experimental.pallas import triton as plgpu
 
 MAX_QUERIES = 16       # largest T of the usual layout; it fixes the packed row count R * MAX_QUERIES
 WIDE_QUERIES = 32      # largest T: calls of 17..32 queries pack R * WIDE_QUERIES rows (more tiles, same shape)
-COMBINE_ROWS = 16      # packed rows per program of the combine kernel (divides every block_m)
-SPLITS_PER_STEP = 8    # the combine kernel's merge loop over splits is unrolled by this factor
+COMBINE_ROWS = 8       # packed rows per program of the combine kernel (divides every block_m)
+SPLITS_PER_STEP = 16   # the combine kernel's merge loop over splits is unrolled by this factor
 MAX_SPLITS_PER_STEP = 32  # ... and its max pass (it loads only m) by this one
 _LOG2E = math.log2(math.e)
 
