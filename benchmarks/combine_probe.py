@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
-import importlib.util
 import collections
+import importlib.util
 import itertools
 import re
 import sys
@@ -82,7 +82,6 @@ def main(argv=None) -> None:
 
 def kernels(old) -> None:
     import dataclasses
-    import profile_decode
     print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, {datetime.date.today()}: "
           f"python3 benchmarks/combine_probe.py --old ... --kernels (SmolLM2 shape, B=1, S=1024; mean us per call)")
     print("| version | block_m | T | kernel | us per call |\n|---|---|---|---|---|")
@@ -93,17 +92,13 @@ def kernels(old) -> None:
         cases = [("old", old, old.TuningConfig(**vars(cfg)))] + [
             ("new", new, dataclasses.replace(cfg, block_m=bm)) for bm in (16, 32, 64)]
         for label, mod, c in cases:
-            f = jax.jit(functools.partial(mod.rope_attention_write, n_heads=H, config=c))
-            jax.block_until_ready(f(*args))
-            _, events = profile_decode.gpu_events(lambda: [jax.block_until_ready(f(*args)) for _ in range(n)])
-            us = collections.Counter()
-            for e in events:
-                us[re.sub(r"[._]\d+$", "", e["name"])[:60]] += e["dur"] / n
+            us = _kernel_us(jax.jit(functools.partial(mod.rope_attention_write, n_heads=H, config=c)), args, n)
             for name, t in sorted(us.items(), key=lambda x: -x[1]):
                 print(f"| {label} | {c.block_m} | {T} | {name} | {t:.2f} |", flush=True)
 
 
 def _kernel_us(f, args, n=20) -> dict:
+    """Mean GPU microseconds per call of ``f(*args)`` by kernel name (numeric suffixes dropped), from a trace."""
     import profile_decode
     jax.block_until_ready(f(*args))
     _, events = profile_decode.gpu_events(lambda: [jax.block_until_ready(f(*args)) for _ in range(n)])
