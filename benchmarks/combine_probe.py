@@ -7,7 +7,7 @@ first. Median CUPTI time of the whole call (all its kernels), and whether the tw
 
 ``--kernels`` instead traces 20 calls per case (SmolLM2 shape, B=1, S=1024, T = 1, 8, 32; the old file, and this
 one at block_m 16 / 32 / 64) and lists each kernel's mean duration per call (perfetto trace). ``--variants 16x8,8x8``
-traces this file's kernels the same way with ``COMBINE_ROWS`` x ``SPLITS_PER_STEP`` set to each pair (``--old`` unused).
+traces this file's kernels the same way with ``COMBINE_ROWS`` x ``SPLITS_PER_STEP`` set to each pair (no ``--old``).
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
-import collections
 import importlib.util
 import itertools
-import re
 import sys
 
 import jax
@@ -38,7 +36,7 @@ def _load(path: str):
 def main(argv=None) -> None:
     from jax.experimental.mosaic.gpu import profiler
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--old", required=True, help="path of the decode_attention.py to compare against")
+    ap.add_argument("--old", help="path of the decode_attention.py to compare against (not with --variants)")
     ap.add_argument("--iterations", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--kernels", action="store_true", help="per-kernel durations from a trace (see above)")
@@ -46,6 +44,8 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     if a.variants:
         return variants([tuple(map(int, v.split("x"))) for v in a.variants.split(",")])
+    if not a.old:
+        ap.error("--old PATH is needed (the file to compare against), except with --variants")
     old = _load(a.old)
     if a.kernels:
         return kernels(old)
@@ -94,7 +94,7 @@ def kernels(old) -> None:
         for label, mod, c in cases:
             us = _kernel_us(jax.jit(functools.partial(mod.rope_attention_write, n_heads=H, config=c)), args, n)
             for name, t in sorted(us.items(), key=lambda x: -x[1]):
-                print(f"| {label} | {c.block_m} | {T} | {name} | {t:.2f} |", flush=True)
+                print(f"| {label} | {c.block_m} | {T} | {name[:60]} | {t:.2f} |", flush=True)
 
 
 def _kernel_us(f, args, n=20) -> dict:
@@ -102,10 +102,7 @@ def _kernel_us(f, args, n=20) -> dict:
     import profile_decode
     jax.block_until_ready(f(*args))
     _, events = profile_decode.gpu_events(lambda: [jax.block_until_ready(f(*args)) for _ in range(n)])
-    us = collections.Counter()
-    for e in events:
-        us[re.sub(r"[._]\d+$", "", e["name"])[:60]] += e["dur"] / n
-    return us
+    return profile_decode.us_by_kind(events, n)
 
 
 def variants(pairs) -> None:

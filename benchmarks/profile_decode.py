@@ -16,6 +16,7 @@ import glob
 import gzip
 import json
 import os
+import re
 import tempfile
 import time
 
@@ -37,6 +38,15 @@ def gpu_events(fn):
     events = json.load(gzip.open(path))["traceEvents"]
     pids = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
     return r, [e for e in events if e.get("ph") == "X" and "GPU" in pids.get(e.get("pid"), "")]
+
+
+def us_by_kind(events, per: float) -> collections.Counter:
+    """GPU microseconds of ``events`` (``gpu_events``) per ``per`` (e.g. per cycle or per call), by kernel kind: the
+    name without its numeric suffix (``fusion_12`` and ``fusion.3`` count as ``fusion``)."""
+    us = collections.Counter()
+    for e in events:
+        us[re.sub(r"[._]\d+$", "", e["name"])] += e["dur"] / per
+    return us
 
 
 def main():

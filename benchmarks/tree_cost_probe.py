@@ -20,9 +20,7 @@ by kernel kind, largest differences first (``--no-rows`` skips the looped pieces
 from __future__ import annotations
 
 import argparse
-import collections
 import functools
-import re
 import time
 
 import jax
@@ -71,10 +69,7 @@ def kernels_per_cycle(params, cfg, prompt, d, dp, nd) -> tuple[dict, float]:
     run(max_new_tokens=256)  # compile
     res, events = profile_decode.gpu_events(lambda: run(max_new_tokens=256))
     cycles = int(res.stats.cycles_B.sum())
-    us = collections.Counter()
-    for e in events:
-        us[re.sub(r"[._]\d+$", "", e["name"])] += e["dur"] / cycles
-    return dict(us), len(events) / cycles
+    return dict(profile_decode.us_by_kind(events, cycles)), len(events) / cycles
 
 
 def profile(params, cfg, prompt, runs: dict) -> None:
