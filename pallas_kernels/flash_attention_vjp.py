@@ -1,10 +1,12 @@
-"""Differentiable flash attention: the Hopper forward kernel + a blocked pure-JAX backward.
+"""Differentiable flash attention: the Hopper forward kernel and its backward.
 
-The backward is NOT a Pallas kernel. It recomputes the probabilities one KV block at a time from
-the forward's saved log-sum-exp (no T x S matrix is ever materialised, no second softmax pass):
+The backward runs the Pallas Mosaic GPU kernels of ``flash_attention_bwd`` (dK/dV and dQ) at head
+dims 64 and 128. At head dim 256 it is NOT a kernel: ``attention_bwd_blocked``, pure JAX, recomputes
+the probabilities one KV block at a time from the forward's saved log-sum-exp (no T x S matrix is
+ever materialised, no second softmax pass):
   p = exp(s - lse), dV = p^T dO, dP = dO V^T, dS = p * (dP - rowsum(dO * O)), dQ = dS K, dK = dS^T Q
-in float32, scanned over KV blocks of ``block_kv`` keys. GQA gradients are summed over the query
-heads that share a KV head.
+in float32, scanned over KV blocks of ``block_kv`` keys; GQA gradients are summed over the query
+heads that share a KV head. It is also the kernels' second reference in the tests.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels.flash_attention import TuningConfig, flash_attention_fwd, key_end
+from pallas_kernels.flash_attention_bwd import HEAD_DIMS, BwdConfig, flash_attention_bwd
 
 
 def attention_bwd_blocked(q_BTHd, k_BSGd, v_BSGd, o_BTHd, lse_BHT, do_BTHd, kend_BT, *,
@@ -68,7 +71,11 @@ def _fwd(q, k, v, kend, scale, config):
 def _bwd(scale, config, res, do):
     q, k, v, o, lse, kend = res
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    dq, dk, dv = attention_bwd_blocked(q, k, v, o, lse, do, kend, scale=scale)
+    if q.shape[-1] in HEAD_DIMS:  # the kernels; interpretable where the forward's config is
+        bwd_config = BwdConfig(interpretable=bool(config and config.interpretable))
+        dq, dk, dv = flash_attention_bwd(q, k, v, o, lse, do, kend, scale=scale, config=bwd_config)
+    else:
+        dq, dk, dv = attention_bwd_blocked(q, k, v, o, lse, do, kend, scale=scale)
     return dq, dk, dv, np.zeros(kend.shape, jax.dtypes.float0)
 
 

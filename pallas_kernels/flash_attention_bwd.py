@@ -1,0 +1,438 @@
+"""FlashAttention backward for Hopper (sm90) in Pallas Mosaic GPU: a dK/dV kernel and a dQ kernel.
+
+Given the forward's O and log-sum-exp, with ``delta = rowsum(dO * O)`` (XLA, float32) and
+``s = scale * q.k``, ``p = exp(s - lse)``:
+  dV = P^T dO,   dP = dO V^T,   dS = P * (dP - delta),   dK = scale * dS^T Q,   dQ = scale * dS K.
+FA2's split into two kernels (as JAX's ``attention_mgpu`` backward): each recomputes P, so neither
+needs atomics or a float32 dQ buffer in GMEM.
+
+  * dK/dV kernel, one CTA per (kv head g, batch b, ``2 * block_kv`` keys). wg 2, the producer
+    (40 registers), streams through a ring of ``stages_dkv`` SMEM slots the Q and dO blocks and the
+    ``(lse * log2 e, delta, k_end)`` rows of every (query head r of g's group, q block) pair whose rows
+    see any of the CTA's keys (the q-block range comes from XLA, so a causal CTA skips the blocks
+    above the diagonal). wg 0 and wg 1 (232 registers) own ``block_kv`` keys each, K and V in SMEM,
+    dK and dV accumulating in registers over the steps:
+      S^T = K Q^T (SMEM x SMEM), P^T = exp2(S^T * c - lse2) masked by k_end,
+      dV += P^T dO and dP^T = V dO^T (issued together), dS^T = P^T * (dP^T - delta), dK += dS^T Q
+    (P^T and dS^T are register A operands). GQA needs no reduction afterwards: a CTA runs all the
+    query heads of its kv head, so dK/dV come out [B, S, G, d] directly.
+  * dQ kernel, one CTA per (head h, batch b, ``2 * block_q`` query rows), the forward's grid: the
+    producer streams K/V blocks, the consumers own ``block_q`` rows each, Q, dO in SMEM and
+    ``lse2``, ``delta``, ``k_end`` rows in registers:
+      S = Q K^T and dP = dO V^T (issued together), P = exp2(S * c - lse2), dS = P * (dP - delta),
+      dQ += dS K;
+    KV blocks past the tile's largest k_end are never loaded; below its smallest they run unmasked.
+
+Masking follows the forward's one rule (key s is visible to row t iff ``s < k_end[b, t]``), so every
+mode of ``flash_attention.key_end`` works, and sequence tails need no divisibility (TMA zero-fills
+loads and drops stores out of bounds; a zero dO row contributes nothing). Rows that saw no key
+(lse = -inf) get dQ = 0 and contribute nothing. Head dims 64 and 128: at 256 a consumer's dK and dV
+accumulators alone (2 x 64 x 256 float32 over 128 threads) would need 256 registers, so
+``flash_attention_vjp`` keeps the blocked pure-JAX backward there. No ping-pong and no
+intra-warpgroup overlap (the consumers share the tensor cores as the warp schedulers interleave
+them): pallas_kernels/NOTES.md "Backward" has the measurements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.experimental.pallas as pl
+import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_kernels.flash_attention import (_LOG2E, _SMEM_LIMIT, _check, _kv_range, _load_kend_row,
+                                            _smem_tiled, key_end)
+
+_WGMMA = plgpu.Layout.WGMMA
+_ROW = plgpu.Layout.WGMMA.reduce(1)   # one value per row of a [64, n] wgmma tile
+_COL = plgpu.Layout.WGMMA.reduce(0)   # one value per column
+_REGS, _PRODUCER_REGS = 232, 40       # setmaxnreg of the two consumers and the producer
+_BLOCK = 64                           # rows per consumer warpgroup: one wgmma M tile
+HEAD_DIMS = (64, 128)
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdConfig:
+    """Block sizes of the backward kernels. dK/dV: each consumer owns 64 keys, a step is 64 query
+    rows of one head, ``stages_dkv`` steps in flight. dQ: each consumer owns 64 rows, a step is
+    ``block_kv_dq`` keys, ``stages_dq`` in flight. ``interpretable`` stages the register A operands
+    (P^T, dS^T, dS) in SMEM and accumulates wgmma into fresh zeros, which the Mosaic GPU interpreter
+    can run."""
+    block_kv_dq: int = 64
+    stages_dkv: int = 2
+    stages_dq: int = 2
+    interpretable: bool = False
+
+    def __post_init__(self):
+        if self.block_kv_dq not in (64, 128):
+            raise ValueError(f"block_kv_dq must be 64 or 128 (dQ += dS K reads K in 64-key swizzle groups; "
+                             f"S and dP of 128 keys already take 128 of a consumer's registers), "
+                             f"got {self.block_kv_dq!r}")
+        for name in ("stages_dkv", "stages_dq"):
+            n = getattr(self, name)
+            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 4:
+                raise ValueError(f"{name} must be an int from 1 to 4 (SMEM ring depth), got {n!r}")
+        if not isinstance(self.interpretable, bool):
+            raise ValueError(f"interpretable must be True or False, got {self.interpretable!r}")
+
+    def smem_bytes(self, head_dim: int, itemsize: int = 2) -> tuple[int, int]:
+        """(dK/dV kernel, dQ kernel) shared memory as Mosaic GPU allocates it: each buffer rounded up
+        to 1 KiB, 8 bytes per barrier."""
+        align = lambda n: -(-n // 1024) * 1024
+        tile = _BLOCK * head_dim * itemsize
+        staged = 2 * _BLOCK * _BLOCK * itemsize if self.interpretable else 0
+        dkv = (align(4 * tile) + align(self.stages_dkv * 2 * tile) + align(self.stages_dkv * 3 * _BLOCK * 4)
+               + 2 * align(staged) + 8 * (2 + 4 * self.stages_dkv))
+        kv = self.stages_dq * self.block_kv_dq * head_dim * itemsize
+        staged = 2 * _BLOCK * self.block_kv_dq * itemsize if self.interpretable else 0
+        dq = align(4 * tile) + 2 * align(kv) + align(staged) + 8 * (4 + 3 * self.stages_dq)
+        return dkv, dq
+
+    def check_head_dim(self, head_dim: int, itemsize: int = 2) -> None:
+        if head_dim not in HEAD_DIMS:
+            raise ValueError(f"the backward kernels take head dims {HEAD_DIMS}, got {head_dim} (at 256 the "
+                             f"dK and dV accumulators exceed a consumer's registers: use the blocked backward)")
+        for name, need in zip(("dK/dV", "dQ"), self.smem_bytes(head_dim, itemsize)):
+            if need > _SMEM_LIMIT:
+                raise ValueError(f"{self}: the {name} kernel needs {need} bytes of shared memory at head dim "
+                                 f"{head_dim}, more than the {_SMEM_LIMIT} a Hopper CTA has: use fewer stages "
+                                 f"or block_kv_dq=64")
+
+
+# ---------------------------------------------------------------- pieces of both kernels
+def _produce(n_steps, stages: int, load, free):
+    """The producer's ring: ``load(step, slot)`` for every step, each slot refilled once ``free``
+    says both consumers released it; then the last releases are observed, so no barrier phase is
+    left pending at exit."""
+    for i in range(stages):
+        pl.when(i < n_steps)(functools.partial(load, i, i))
+
+    @pl.loop(0, jnp.maximum(n_steps - stages, 0))
+    def _(ki):
+        slot = lax.rem(ki, stages)
+        plgpu.barrier_wait(free.at[slot])
+        load(ki + stages, slot)
+
+    @pl.loop(jnp.maximum(n_steps - stages, 0), n_steps)
+    def _(ki):
+        plgpu.barrier_wait(free.at[lax.rem(ki, stages)])
+
+
+def _gemms(pairs, accs, staged=None):
+    """Issues the wgmmas ``acc_i += a_i @ b_i`` together and waits for them. ``staged`` None: onto
+    ``accs`` in place, register A operands allowed. Otherwise (interpretable) one entry per pair:
+    an SMEM tile that the register operand ``a_i`` is written to, or None where ``a_i`` is an SMEM
+    ref already; the wgmmas then accumulate into zeros, added to ``accs`` afterwards."""
+    if staged is None:
+        def body(refs):
+            for ref, (a, b) in zip(refs, pairs):
+                plgpu.wgmma(ref, a, b)
+        return pl.run_state(body)(tuple(plgpu.ACC.init(acc) for acc in accs))
+    for smem, (a, _) in zip(staged, pairs):
+        if smem is not None:
+            smem[...] = a
+    plgpu.commit_smem()
+
+    def body(*refs):
+        for ref, smem, (a, b) in zip(refs, staged, pairs):
+            plgpu.wgmma(ref, a if smem is None else smem, b)
+        return tuple(ref[...] for ref in refs)
+    out = pl.run_scoped(body, *(plgpu.ACC(acc.shape, jnp.float32) for acc in accs))
+    return tuple(acc + o for acc, o in zip(accs, out))
+
+
+def _at(ref, i):  # a consumer's staging tile (interpretable only)
+    return None if ref is None else ref.at[i]
+
+
+def _zeros(shape):
+    return plgpu.layout_cast(jnp.zeros(shape, jnp.float32), _WGMMA)
+
+
+# ---------------------------------------------------------------- dK / dV
+def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, qlo_ref, qhi_ref, dk_ref, dv_ref, scoped, *,
+                cfg: BwdConfig, n_rep: int, scale_log2: float, scale: float):
+    bq = bkv = _BLOCK
+    stages = cfg.stages_dkv
+    (k_tiles, v_tiles, q_smem, do_smem, st_smem, pt_smem, dst_smem), (kv_ready, q_ready, do_ready, st_ready), \
+        free = scoped
+    gi, bi, ti, wg = (lax.axis_index(n) for n in ("kv_heads", "batch", "kv_tiles", "wg"))
+    qlo, n_q = qlo_ref[bi, ti], qhi_ref[bi, ti] - qlo_ref[bi, ti]
+    n_steps = n_rep * n_q                 # step i: query head gi * n_rep + i // n_q, q block qlo + i % n_q
+    head_block = lambda i: (gi * n_rep + lax.div(i, n_q), qlo + lax.rem(i, n_q))
+
+    @pl.when(wg < 2)
+    def _consumer():
+        plgpu.set_max_registers(_REGS, action="increase")
+        k_base = (2 * ti + wg) * bkv
+        k_smem, v_smem = k_tiles.at[wg], v_tiles.at[wg]
+        rows = (bi, pl.ds(k_base, bkv), gi)
+        plgpu.copy_gmem_to_smem(k_ref.at[rows], k_smem, kv_ready.at[wg])
+        plgpu.copy_gmem_to_smem(v_ref.at[rows], v_smem, kv_ready.at[2 + wg])
+        staged = lambda *tiles: tiles if cfg.interpretable else None
+        key = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 0, layout=_WGMMA) + k_base
+        plgpu.barrier_wait(kv_ready.at[wg])
+        plgpu.barrier_wait(kv_ready.at[2 + wg])
+        lo = k_smem.dtype
+
+        def step(ki, carry):
+            dk, dv = carry
+            slot = lax.rem(ki, stages)
+            plgpu.barrier_wait(q_ready.at[slot])
+
+            def scores(ref):
+                plgpu.wgmma(ref, k_smem, q_smem.at[slot].T)
+                return ref[...]
+            st = pl.run_scoped(scores, plgpu.ACC((bkv, bq), jnp.float32))
+            plgpu.barrier_wait(st_ready.at[slot])
+            col = lambda j: lax.broadcast_in_dim(plgpu.load(st_smem.at[slot, j], layout=_COL),
+                                                 (bkv, bq), [1])
+            pt = jnp.exp2(st * scale_log2 - col(0))
+            pt = jnp.where(key < col(2).astype(jnp.int32), pt, 0.0)
+            plgpu.barrier_wait(do_ready.at[slot])
+            pt_lo = pt.astype(lo)
+            dv, dpt = _gemms(((pt_lo, do_smem.at[slot]), (v_smem, do_smem.at[slot].T)),
+                             (dv, _zeros((bkv, bq))), staged(_at(pt_smem, wg), None))
+            dst = (pt * (dpt - col(1))).astype(lo)
+            (dk,) = _gemms(((dst, q_smem.at[slot]),), (dk,), staged(_at(dst_smem, wg)))
+            plgpu.barrier_arrive(free.at[slot])
+            return dk, dv
+
+        d = k_smem.shape[-1]
+        dk, dv = lax.fori_loop(0, n_steps, step, (_zeros((bkv, d)), _zeros((bkv, d))))
+        k_smem[...] = (dk * scale).astype(lo)    # K and V are no longer read: their SMEM stages dK, dV
+        v_smem[...] = dv.astype(lo)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[rows])
+        plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[rows])
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+    @pl.when(wg == 2)
+    def _producer():
+        plgpu.set_max_registers(_PRODUCER_REGS, action="decrease")
+
+        def load(ki, slot):
+            hi, qb = head_block(ki)
+            rows = (bi, pl.ds(qb * bq, bq), hi)
+            plgpu.copy_gmem_to_smem(q_ref.at[rows], q_smem.at[slot], q_ready.at[slot])
+            plgpu.copy_gmem_to_smem(stats_ref.at[bi, hi, :, pl.ds(qb * bq, bq)], st_smem.at[slot],
+                                    st_ready.at[slot])
+            plgpu.copy_gmem_to_smem(do_ref.at[rows], do_smem.at[slot], do_ready.at[slot])
+
+        _produce(n_steps, stages, load, free)
+
+
+# ---------------------------------------------------------------- dQ
+def _dq_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, kend_ref, kmin_ref, kmax_ref, dq_ref, scoped, *,
+               cfg: BwdConfig, n_rep: int, scale_log2: float, scale: float, n_kv_blocks: int, n_tiles: int):
+    bq, bkv, stages = _BLOCK, cfg.block_kv_dq, cfg.stages_dq
+    (q_tiles, do_tiles, k_smem, v_smem, ds_smem), (qd_ready, k_ready, v_ready), free = scoped
+    hi, bi, wg = (lax.axis_index(n) for n in ("heads", "batch", "wg"))
+    qi = n_tiles - 1 - lax.axis_index("q_tiles")   # causal: the longest tiles first
+    n_steps, n_open = _kv_range(kmin_ref[bi, qi], kmax_ref[bi, qi], bkv, n_kv_blocks)
+
+    @pl.when(wg < 2)
+    def _consumer():
+        plgpu.set_max_registers(_REGS, action="increase")
+        q_base = (2 * qi + wg) * bq
+        rows = (bi, pl.ds(q_base, bq), hi)
+        q_smem, do_smem = q_tiles.at[wg], do_tiles.at[wg]
+        plgpu.copy_gmem_to_smem(q_ref.at[rows], q_smem, qd_ready.at[wg])
+        plgpu.copy_gmem_to_smem(do_ref.at[rows], do_smem, qd_ready.at[2 + wg])
+        row = lambda j: plgpu.load(stats_ref.at[bi, hi, j, pl.ds(q_base, bq)], layout=_ROW, optimized=False)
+        lse2, delta, kend = row(0), row(1), _load_kend_row(kend_ref, bi, q_base, bq)
+        tile = lambda x: lax.broadcast_in_dim(x, (bq, bkv), [0])
+        staged = lambda *tiles: tiles if cfg.interpretable else None
+        plgpu.barrier_wait(qd_ready.at[wg])
+        plgpu.barrier_wait(qd_ready.at[2 + wg])
+        lo = q_smem.dtype
+
+        def step(ki, dq, masked: bool):
+            slot = lax.rem(ki, stages)
+            plgpu.barrier_wait(k_ready.at[slot])
+            plgpu.barrier_wait(v_ready.at[slot])
+            s, dp = _gemms(((q_smem, k_smem.at[slot].T), (do_smem, v_smem.at[slot].T)),
+                           (_zeros((bq, bkv)), _zeros((bq, bkv))), staged(None, None))
+            p = jnp.exp2(s * scale_log2 - tile(lse2))
+            if masked:
+                col = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=_WGMMA) + ki * bkv
+                p = jnp.where(col < tile(kend), p, 0.0)
+            (dq,) = _gemms((((p * (dp - tile(delta))).astype(lo), k_smem.at[slot]),), (dq,),
+                           staged(_at(ds_smem, wg)))
+            plgpu.barrier_arrive(free.at[slot])
+            return dq
+
+        dq = lax.fori_loop(0, n_open, functools.partial(step, masked=False), _zeros(q_smem.shape))
+        dq = lax.fori_loop(n_open, n_steps, functools.partial(step, masked=True), dq)
+        q_smem[...] = (dq * scale).astype(lo)    # Q is no longer read: its SMEM stages dQ
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[rows])
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+    @pl.when(wg == 2)
+    def _producer():
+        plgpu.set_max_registers(_PRODUCER_REGS, action="decrease")
+        gi = lax.div(hi, n_rep)
+
+        def load(ki, slot):
+            rows = (bi, pl.ds(ki * bkv, bkv), gi)
+            plgpu.copy_gmem_to_smem(k_ref.at[rows], k_smem.at[slot], k_ready.at[slot])
+            plgpu.copy_gmem_to_smem(v_ref.at[rows], v_smem.at[slot], v_ready.at[slot])
+
+        _produce(n_steps, stages, load, free)
+
+
+# ---------------------------------------------------------------- builders and entry
+def _call(body, out_type, grid, names, scratch, ready, stages: int):
+    """``plgpu.kernel`` of ``body(*refs, (smem, ready barriers, free))`` on 2 consumers + 1 producer;
+    ``free``: a slot of the ring may be refilled (both consumers arrive)."""
+    barriers = tuple(plgpu.Barrier(num_barriers=n) for n in ready)
+    free = plgpu.Barrier(num_arrivals=2, num_barriers=stages)
+
+    def entry(*refs):
+        pl.run_scoped(lambda smem, bars, fr: body(*refs, (smem, bars, fr)), scratch, barriers, free,
+                      collective_axes="wg")
+    # No cross-warp reductions: Mosaic GPU's default 2 KiB reduction scratch is not needed.
+    return plgpu.kernel(entry, out_type=out_type, grid=grid, grid_names=names, num_threads=3, thread_name="wg",
+                        compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=0))
+
+
+def _build_dkv(B, H, Sk, G, d, dtype, cfg: BwdConfig, scale: float):
+    """``dkv(q, k, v, do, stats, qlo, qhi) -> (dk, dv)`` [B, Sk, G, d]."""
+    stages, tile = cfg.stages_dkv, _smem_tiled((cfg.stages_dkv, _BLOCK, d), dtype)
+    staged = _smem_tiled((2, _BLOCK, _BLOCK), dtype) if cfg.interpretable else None
+    own = _smem_tiled((2, _BLOCK, d), dtype)   # each consumer's K or V tile
+    scratch = (own, own, tile, tile, plgpu.SMEM((stages, 3, _BLOCK), jnp.float32), staged, staged)
+    body = functools.partial(_dkv_kernel, cfg=cfg, n_rep=H // G, scale_log2=scale * _LOG2E, scale=scale)
+    out = jax.ShapeDtypeStruct((B, Sk, G, d), dtype)
+    return _call(body, (out, out), (G, B, pl.cdiv(Sk, 2 * _BLOCK)), ("kv_heads", "batch", "kv_tiles"),
+                 scratch, (4, stages, stages, stages), stages)
+
+
+def _build_dq(B, Tq, H, Sk, G, d, dtype, cfg: BwdConfig, scale: float):
+    """``dq(q, k, v, do, stats, kend, kmin, kmax) -> dq`` [B, Tq, H, d]."""
+    stages, bkv, n_tiles = cfg.stages_dq, cfg.block_kv_dq, pl.cdiv(Tq, 2 * _BLOCK)
+    ring = _smem_tiled((stages, bkv, d), dtype)
+    own = _smem_tiled((2, _BLOCK, d), dtype)   # each consumer's Q or dO tile
+    scratch = (own, own, ring, ring,
+               _smem_tiled((2, _BLOCK, bkv), dtype) if cfg.interpretable else None)
+    body = functools.partial(_dq_kernel, cfg=cfg, n_rep=H // G, scale_log2=scale * _LOG2E, scale=scale,
+                             n_kv_blocks=pl.cdiv(Sk, bkv), n_tiles=n_tiles)
+    return _call(body, jax.ShapeDtypeStruct((B, Tq, H, d), dtype), (H, B, n_tiles), ("heads", "batch", "q_tiles"),
+                 scratch, (4, stages, stages), stages)
+
+
+def _q_block_ranges(kend_BTp, n_kv_tiles: int):
+    """``(qlo, qhi)`` [B, n_kv_tiles]: the 64-row q blocks from the first to the last whose rows
+    see any key of the kv tile (its keys start at ``128 * tile``, and a row sees keys ``< k_end``)."""
+    B, Tp = kend_BTp.shape
+    kmax_BN = kend_BTp.reshape(B, Tp // _BLOCK, _BLOCK).max(-1)
+    sees = kmax_BN[:, None, :] > (2 * _BLOCK * jnp.arange(n_kv_tiles, dtype=jnp.int32))[None, :, None]
+    n = sees.shape[-1]
+    qlo, qhi = jnp.argmax(sees, -1), n - jnp.argmax(sees[..., ::-1], -1)
+    some = sees.any(-1)
+    return jnp.where(some, qlo, 0).astype(jnp.int32), jnp.where(some, qhi, 0).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "config"))
+def flash_attention_bwd(q_BTHd, k_BSGd, v_BSGd, o_BTHd, lse_BHT, do_BTHd, kend_BT, *,
+                        scale: float | None = None, config: BwdConfig | None = None):
+    """Jitted entry: ``(dq [B,T,H,d], dk [B,S,G,d], dv [B,S,G,d])`` in the inputs' dtype, from the
+    forward's ``o`` and ``lse`` ([B,H,T], natural log, -inf for rows that saw no key) and the
+    output cotangent ``do``."""
+    _check(q_BTHd, k_BSGd, v_BSGd, kend_BT)
+    (B, T, H, d), (S, G) = q_BTHd.shape, k_BSGd.shape[1:3]
+    if o_BTHd.shape != q_BTHd.shape or do_BTHd.shape != q_BTHd.shape or lse_BHT.shape != (B, H, T):
+        raise ValueError(f"expected o and do of q's shape {q_BTHd.shape} and lse [B,H,T] = {(B, H, T)}; got "
+                         f"o {o_BTHd.shape}, do {do_BTHd.shape}, lse {lse_BHT.shape}")
+    cfg = config or BwdConfig()
+    cfg.check_head_dim(d, jnp.dtype(q_BTHd.dtype).itemsize)
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    rows, f32 = 2 * _BLOCK, jnp.float32
+    n_tiles = pl.cdiv(T, rows)
+    Tp = n_tiles * rows
+    # TMA boxes need sequence dims that are multiples of 8 rows and at least one box long (the
+    # forward's rule); other tails are zero-filled on load and dropped on store by TMA itself.
+    up8 = lambda n: -(-n // 8) * 8
+    Tq, Sk = max(up8(T), rows), max(up8(S), rows, cfg.block_kv_dq * cfg.stages_dq)
+    pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, 0))) if n > x.shape[1] else x
+    q, do, k, v = pad(q_BTHd, Tq), pad(do_BTHd.astype(q_BTHd.dtype), Tq), pad(k_BSGd, Sk), pad(v_BSGd, Sk)
+    kend = jnp.pad(jnp.clip(kend_BT.astype(jnp.int32), 0, S), ((0, 0), (0, Tp - T)))
+    # A reduction of its own: fused into the stack below it ran as a 0.28 ms loop at 16k tokens x 16
+    # heads (the kernels: ~3 ms); alone it reads O and dO once at the HBM rate.
+    delta = lax.optimization_barrier(jnp.sum(o_BTHd.astype(f32) * do_BTHd.astype(f32), -1)).transpose(0, 2, 1)
+    lse2 = jnp.where(jnp.isfinite(lse_BHT), lse_BHT * _LOG2E, 0.0)   # rows that saw no key: p masked to 0
+    stats = jnp.stack([lse2, delta, jnp.broadcast_to(kend[:, None, :T].astype(f32), (B, H, T))], axis=2)
+    stats = jnp.pad(stats, ((0, 0), (0, 0), (0, 0), (0, Tp - T)))     # [B, H, (lse2, delta, k_end), Tp]
+    tiles = kend.reshape(B, n_tiles, rows)
+    real = (jnp.arange(Tp) < T).reshape(1, n_tiles, rows)
+    kmin, kmax = jnp.where(real, tiles, S).min(-1), tiles.max(-1)
+    qlo, qhi = _q_block_ranges(kend, pl.cdiv(Sk, rows))
+    dk, dv = _build_dkv(B, H, Sk, G, d, q.dtype, cfg, scale)(q, k, v, do, stats, qlo, qhi)
+    dq = _build_dq(B, Tq, H, Sk, G, d, q.dtype, cfg, scale)(q, k, v, do, stats, kend, kmin, kmax)
+    return dq[:, :T], dk[:, :S], dv[:, :S]
+
+
+def flash_attention_bwd_reference(q_BTHd, k_BSGd, v_BSGd, do_BTHd, kend_BT, *, scale: float | None = None):
+    """``(dq, dk, dv)`` in float32 by autodiff of the forward's float32 reference."""
+    from pallas_kernels.flash_attention import flash_attention_reference
+    f32 = lambda x: x.astype(jnp.float32)
+    loss = lambda q, k, v: jnp.sum(flash_attention_reference(q, k, v, kend_BT, scale=scale)[0] * f32(do_BTHd))
+    return jax.grad(loss, (0, 1, 2))(f32(q_BTHd), f32(k_BSGd), f32(v_BSGd))
+
+
+def main(argv=None) -> None:
+    """Time one FA3-paper shape's backward (16k tokens, H*d = 2048) or, with --small, run one tiny
+    checked call (what ``compute-sanitizer --tool racecheck`` is pointed at)."""
+    import argparse
+    import numpy as np
+    from pallas_kernels.flash_attention import default_config, flash_attention_fwd
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--block-kv-dq", type=int, default=64)
+    ap.add_argument("--stages-dkv", type=int, default=2)
+    ap.add_argument("--stages-dq", type=int, default=2)
+    ap.add_argument("--no-check", action="store_true", help="skip the float32 reference (e.g. under racecheck)")
+    a = ap.parse_args(argv)
+    cfg = BwdConfig(block_kv_dq=a.block_kv_dq, stages_dkv=a.stages_dkv, stages_dq=a.stages_dq)
+    B, S, d = (1, 300, 64) if a.small else (16384 // a.seq, a.seq, a.head_dim)
+    H = 2 if a.small else 2048 // d
+    q, k, v, do = (jax.random.normal(kk, (B, S, H, d), jnp.bfloat16) for kk in jax.random.split(jax.random.key(0), 4))
+    kend = key_end(B, S, S, causal="top_left" if a.causal else "none")
+    o, lse = flash_attention_fwd(q, k, v, kend, config=default_config(d, S, a.causal))
+    bwd = jax.jit(lambda *x: flash_attention_bwd(*x, kend, config=cfg))
+    got = bwd(q, k, v, o, lse, do)
+    if not a.no_check and B * H * S * S <= 2 ** 30:   # the float32 reference holds a few [B, H, S, S] arrays
+        ref = flash_attention_bwd_reference(q, k, v, do, kend)
+        errs = [float(jnp.linalg.norm(g.astype(jnp.float32) - r) / jnp.linalg.norm(r)) for g, r in zip(got, ref)]
+        check = "relative error dq/dk/dv " + " ".join(f"{e:.2e}" for e in errs)
+    else:
+        check = "not checked (--no-check, or the float32 reference would not fit)"
+    print(f"B={B} S={S} H={H} d={d} causal={a.causal} {cfg}: {check}")
+    if not a.small:
+        import time
+        from jax.experimental.mosaic.gpu import profiler
+        args = (q, k, v, o, lse, do)
+        _, per_kernel = profiler.measure(lambda *x: bwd(*x), aggregate=False)(*args)
+        _, ms = profiler.measure(lambda *x: bwd(*x), iterations=20)(*args)
+        jax.block_until_ready(bwd(*args))
+        t0 = time.perf_counter()
+        for _ in range(20):
+            out = bwd(*args)
+        jax.block_until_ready(out)
+        wall = (time.perf_counter() - t0) / 20 * 1e3
+        flops = 10 * B * S * S * H * d / (2 if a.causal else 1)
+        print("kernels: " + ", ".join(f"{n[:40]} {t:.3f} ms" for n, t in per_kernel))
+        print(f"median {np.median(ms):.3f} ms = {flops / np.median(ms) / 1e9:.0f} TFLOPS (10*B*S^2*H*d); "
+              f"wall clock {wall:.3f} ms per call = {flops / wall / 1e9:.0f}")
+
+if __name__ == "__main__":
+    main()
