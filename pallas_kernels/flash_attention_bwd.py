@@ -87,7 +87,7 @@ class BwdConfig:
         tile = _BLOCK * head_dim * itemsize
         staged = 2 * _BLOCK * _BLOCK * itemsize if self.interpretable else 0
         dkv = (align(4 * tile) + align(self.stages_dkv * 2 * tile) + align(self.stages_dkv * 3 * _BLOCK * 4)
-               + 2 * align(staged) + 8 * (2 + 4 * self.stages_dkv))
+               + 2 * align(staged) + 8 * (4 + 4 * self.stages_dkv))
         kv = self.stages_dq * self.block_kv_dq * head_dim * itemsize
         staged = 2 * _BLOCK * self.block_kv_dq * itemsize if self.interpretable else 0
         dq = align(4 * tile) + 2 * align(kv) + align(staged) + 8 * (4 + 3 * self.stages_dq)

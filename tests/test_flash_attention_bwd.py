@@ -137,6 +137,24 @@ def test_lowers_for_cuda(d, dtype, cfg):
     assert text.count("custom_call @mosaic_gpu") == 2   # the dK/dV and the dQ kernel
 
 
+@pytest.mark.parametrize("d,cfg", [(64, BwdConfig()), (128, BwdConfig(block_kv_dq=128, stages_dkv=3)),
+                                   (128, BwdConfig(interpretable=True, stages_dq=1))])
+def test_smem_bytes_is_what_mosaic_allocates(d, cfg):
+    """``smem_bytes`` (behind ``check_head_dim``'s error) equals Mosaic GPU's own count for both kernels:
+    lowering under a limit one byte below it fails and names exactly that many bytes."""
+    from jax.experimental.mosaic.gpu import core as mgpu_core
+    from pallas_kernels.flash_attention_bwd import _build_dkv, _build_dq
+    B, T, H, S, G = 1, 512, 2, 512, 1
+    q, k = jax.ShapeDtypeStruct((B, T, H, d), jnp.bfloat16), jax.ShapeDtypeStruct((B, S, G, d), jnp.bfloat16)
+    stats, ints = jax.ShapeDtypeStruct((B, H, 3, T), jnp.float32), jax.ShapeDtypeStruct((B, T), jnp.int32)
+    calls = ((_build_dkv(B, H, S, G, d, jnp.bfloat16, cfg, 0.1), (q, k, k, q, stats, ints, ints)),
+             (_build_dq(B, T, H, S, G, d, jnp.bfloat16, cfg, 0.1), (q, k, k, q, stats, ints, ints, ints)))
+    for (fn, args), want in zip(calls, cfg.smem_bytes(d)):
+        with mgpu_core.artificial_shared_memory_limit(want - 1), pytest.raises(ValueError) as err:
+            jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+        assert f"smem_bytes={want} " in str(err.value), str(err.value)
+
+
 def test_config_and_input_validation():
     with pytest.raises(ValueError, match="block_kv_dq"):
         BwdConfig(block_kv_dq=96)
