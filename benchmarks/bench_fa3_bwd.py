@@ -7,7 +7,8 @@ five matmuls against the forward's two, the FA2/FA3 papers' count; halved when c
 backward alone: each implementation's residuals come from its own forward, run once outside the
 timed call (``jax.vjp``'s function is a pytree, passed to the timed jit as an argument). Timing as
 ``bench_fa3.py`` (CUPTI GPU time, median over ``--iters`` calls, then over ``--rounds`` rounds of
-alternating order). Writes ``benchmarks/results/fa3_bwd_<device>_<date><tag>.{json,md}``. Needs a GPU.
+alternating order). Writes ``benchmarks/results/fa3_bwd_<device>_<date><tag>.{json,md}`` (and into ``$OUT``
+where that is set, as on the device machine). Needs a GPU.
 
     PYTHONPATH=.:benchmarks python3 benchmarks/bench_fa3_bwd.py [--quick] [--blocked-max S] [--fp16 ...] [--tag _x]
 """
@@ -17,8 +18,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
-import json
-import os
 import statistics
 import sys
 
@@ -27,10 +26,9 @@ import jax.numpy as jnp
 from jax.experimental.mosaic.gpu import profiler
 
 from bench_fa3 import measure_row
-from common import device_name
+from common import device_name, write_results
 from pallas_kernels.flash_attention import default_config, key_end
 from pallas_kernels.flash_attention_vjp import attention_bwd_blocked, flash_attention
-from specjax.files import atomic_write_text
 
 IMPLS = ("specjax", "cudnn", "blocked", "jax_mgpu")
 _vjp_apply = jax.jit(lambda fn, do: fn(do))
@@ -90,7 +88,6 @@ def _impls(S: int, hd: int, causal: bool, dtype, blocked: bool):
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="bf16 and S in {1k, 4k, 16k} only")
-    ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--blocked-max", type=int, default=2048,
@@ -131,16 +128,14 @@ def main(argv=None) -> None:
         del timed, slow
         print(row, flush=True)
         rows.append(row)
-        _write(rows, dev, args.out, " ".join(["python3", *sys.argv]), args.tag, args.rounds, len(rows) < len(grid))
+        _write(rows, dev, " ".join(["python3", *sys.argv]), args.tag, args.rounds, len(rows) < len(grid))
 
 
-def _write(rows, dev, out_dir, command, tag, rounds, quiet) -> None:
+def _write(rows, dev, command, tag, rounds, quiet) -> None:
     """Rewrites the JSON and markdown table after every row (a cut-off run keeps its rows)."""
     date = datetime.date.today().isoformat()
     doc = {"device": dev.device_kind, "jax": jax.__version__, "date": date, "command": command,
            "timing_rounds": rounds, "flops": "10*B*S^2*H*hd per backward, halved when causal", "rows": rows}
-    os.makedirs(out_dir, exist_ok=True)
-    base = os.path.join(out_dir, f"fa3_bwd_{device_name().lower()}_{date}{tag}")
     fmt = lambda x: "-" if x is None else f"{x:.0f}"
     ratio = lambda a, b: "-" if not (a and b) else f"{a / b:.2f}"
     md = ["| dtype | hd | causal | S | specjax | cuDNN | blocked JAX | attention_mgpu | specjax/cuDNN |",
@@ -149,14 +144,11 @@ def _write(rows, dev, out_dir, command, tag, rounds, quiet) -> None:
         md.append(f"| {r['dtype']} | {r['hd']} | {r['causal']} | {r['S']} | {fmt(r['specjax_tflops'])} | "
                   f"{fmt(r['cudnn_tflops'])} | {fmt(r['blocked_tflops'])} | {fmt(r['jax_mgpu_tflops'])} | "
                   f"{ratio(r['specjax_tflops'], r['cudnn_tflops'])} |")
-    for path, text in ((base + ".json", json.dumps(doc, indent=1)),
-                       (base + ".md", f"{dev.device_kind}, jax {jax.__version__}, {date}, backward TFLOPS "
-                        f"(10*B*S^2*H*hd / t, halved when causal; median of {rounds} timing rounds)\n\n"
-                        + "\n".join(md) + "\n")):
-        atomic_write_text(path, text)
+    write_results(f"fa3_bwd_{device_name().lower()}_{date}{tag}", doc,
+                  f"{dev.device_kind}, jax {jax.__version__}, {date}, backward TFLOPS (10*B*S^2*H*hd / t, halved "
+                  f"when causal; median of {rounds} timing rounds)\n\n" + "\n".join(md) + "\n")
     if not quiet:
         print("\n".join(md))
-
 
 if __name__ == "__main__":
     main()
