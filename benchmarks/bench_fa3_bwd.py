@@ -28,7 +28,7 @@ from jax.experimental.mosaic.gpu import profiler
 from bench_fa3 import measure_row
 from common import device_name, write_results
 from pallas_kernels.flash_attention import default_config, key_end
-from pallas_kernels.flash_attention_vjp import attention_bwd_blocked, flash_attention
+from pallas_kernels.flash_attention_vjp import _fwd as vjp_fwd, attention_bwd_blocked, flash_attention
 
 IMPLS = ("specjax", "cudnn", "blocked", "jax_mgpu")
 _vjp_apply = jax.jit(lambda fn, do: fn(do))
@@ -61,21 +61,12 @@ def _impls(S: int, hd: int, causal: bool, dtype, blocked: bool):
         "specjax": lambda q, k, v: flash_attention(q, k, v, kend, None, cfg),
         "cudnn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn"),
     }
-    if blocked:  # the blocked pure-JAX backward on specjax's forward (the custom_vjp at hd 256)
-        scale = hd ** -0.5
-
-        @jax.custom_vjp
-        def blocked_attn(q, k, v):
-            return flash_attention(q, k, v, kend, None, cfg)
-
-        def fwd(q, k, v):
-            from pallas_kernels.flash_attention import flash_attention_fwd
-            o, lse = flash_attention_fwd(q, k, v, kend, config=cfg)
-            return o, (q, k, v, o, lse)
-
-        def bwd(res, do):
-            return attention_bwd_blocked(*res, do, kend, scale=scale)
-        blocked_attn.defvjp(fwd, bwd)
+    if blocked:  # the blocked pure-JAX backward on specjax's forward (the custom_vjp's at hd 256)
+        def forward(q, k, v):   # the custom_vjp's own forward; its residuals less k_end
+            o, res = vjp_fwd(q, k, v, kend, None, cfg)
+            return o, res[:5]
+        blocked_attn = jax.custom_vjp(impls["specjax"])
+        blocked_attn.defvjp(forward, lambda res, do: attention_bwd_blocked(*res, do, kend, scale=hd ** -0.5))
         impls["blocked"] = blocked_attn
     if dtype == jnp.float16 and not causal:  # its backward has no causal mask
         from jax.experimental.pallas.ops.gpu import attention_mgpu as am

@@ -910,6 +910,15 @@ def _check(q, k, v, kend):
         raise ValueError(f"head dim must be 64, 128 or 256, got {d}")
 
 
+def tile_key_bounds(kend_BTp, T: int, S: int, rows: int):
+    """``(kmin, kmax)`` [B, tiles]: the smallest and largest ``k_end`` of each ``rows``-row tile of the
+    padded ``k_end`` [B, tiles * rows]; rows past T (padding, never stored) do not lower the minimum."""
+    B, Tp = kend_BTp.shape
+    tiles = kend_BTp.reshape(B, Tp // rows, rows)
+    real = (jnp.arange(Tp) < T).reshape(1, Tp // rows, rows)
+    return jnp.where(real, tiles, S).min(-1), tiles.max(-1)
+
+
 @functools.partial(jax.jit, static_argnames=("scale", "config"))
 def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT, *, scale: float | None = None,
                         config: TuningConfig | None = None):
@@ -930,9 +939,7 @@ def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT, *, scale: float | None 
     q = jnp.pad(q_BTHd, ((0, 0), (0, Tq - T), (0, 0), (0, 0))) if Tq > T else q_BTHd
     pad_kv = lambda x: jnp.pad(x, ((0, 0), (0, Sk - S), (0, 0), (0, 0))) if Sk > S else x
     kend = jnp.pad(jnp.clip(kend_BT.astype(jnp.int32), 0, S), ((0, 0), (0, n_tiles * rows - T)))
-    tiles = kend.reshape(B, n_tiles, rows)
-    real = (jnp.arange(n_tiles * rows) < T).reshape(1, n_tiles, rows)
-    kmin, kmax = jnp.where(real, tiles, S).min(-1), tiles.max(-1)
+    kmin, kmax = tile_key_bounds(kend, T, S, rows)
     fwd = _build_forward(B, Tq, H, Sk, G, d, q.dtype, cfg, scale)
     order = ()
     if cfg.balanced:
