@@ -6,7 +6,10 @@ causal); t = median of CUPTI-measured GPU time of all kernels the call launches,
 the median over ``--rounds`` rounds in which the row's implementations take turns, their order reversed every
 round (``measure_row``), so that none is always timed first after the previous row. attention_mgpu
 only takes fp16, so its column is filled on fp16 rows. ``specjax`` is the kernel with
-``default_config(hd, S, causal)`` (the tuned pick; the model's dispatch passes causal=True);
+``default_config(hd, S, causal)`` (the tuned pick; the model's dispatch passes causal=True) and the static
+mask (``causal="top_left"`` or ``"none"``: k_end computed in the kernel, as cuDNN gets ``is_causal``);
+``specjax_kend`` the same kernel and config with the mask as a ``k_end`` array (``key_end``: the general
+path, with an XLA op for the tiles' bounds before the kernel);
 ``--variants`` also times both fixed
 variants in the same process: one CTA per tile (``specjax_grid``) and the persistent grid
 (``specjax_persistent``, ``num_ctas`` = the device's SM count), and ``specjax_overlap``:
@@ -45,16 +48,19 @@ def _mgpu(causal: bool, hd: int):
     return functools.partial(am.attention, config=cfg)
 
 
-IMPLS = ("specjax", "specjax_grid", "specjax_persistent", "specjax_overlap", "cudnn", "jax_mgpu")
+IMPLS = ("specjax", "specjax_kend", "specjax_grid", "specjax_persistent", "specjax_overlap", "cudnn", "jax_mgpu")
 VARIANTS = ("specjax_grid", "specjax_persistent", "specjax_overlap")  # timed with --variants only
 
 
 def _impls(S: int, hd: int, causal: bool, dtype, persistent_ctas: int | None):
     B, H = 16384 // S, 2048 // hd
-    kend = key_end(B, S, S, causal="top_left" if causal else "none")
-    specjax = lambda cfg: jax.jit(lambda q, k, v: flash_attention_fwd(q, k, v, kend, config=cfg)[0])
+    mask = "top_left" if causal else "none"
+    kend = key_end(B, S, S, causal=mask)
+    specjax = lambda cfg: jax.jit(lambda q, k, v: flash_attention_fwd(q, k, v, causal=mask, config=cfg)[0])
+    tuned = default_config(hd, S, causal)  # the tuned pick (the model's dispatch passes causal)
     impls = {
-        "specjax": specjax(default_config(hd, S, causal)),  # the tuned pick (the model's dispatch passes causal)
+        "specjax": specjax(tuned),
+        "specjax_kend": jax.jit(lambda q, k, v: flash_attention_fwd(q, k, v, kend, config=tuned)[0]),
         "cudnn": jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
                                                                       implementation="cudnn")),
     }
@@ -170,15 +176,17 @@ def _write(rows, dev, out_dir, command, quiet=False, persistent_ctas=None, tag="
     fmt = lambda x: "-" if x is None else f"{x:.0f}"
     ratio = lambda a, b: "-" if not (a and b) else f"{a / b:.2f}"
     var = persistent_ctas is not None
-    md = ["| dtype | hd | causal | S | specjax |" + (" grid | persistent | overlap |" if var else "")
-          + " cuDNN | attention_mgpu | specjax/cuDNN |" + (" overlap/cuDNN |" if var else ""),
-          "|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if var else "")]
+    md = ["| dtype | hd | causal | S | specjax | k_end array |" + (" grid | persistent | overlap |" if var else "")
+          + " cuDNN | attention_mgpu | specjax/cuDNN | k_end array/cuDNN |" + (" overlap/cuDNN |" if var else ""),
+          "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if var else "")]
     for r in rows:
         extra = "".join(f"{fmt(r.get(f'{n}_tflops'))} | " for n in VARIANTS) if var else ""
         ov = f" {ratio(r.get('specjax_overlap_tflops'), r['cudnn_tflops'])} |" if var else ""
-        md.append(f"| {r['dtype']} | {r['hd']} | {r['causal']} | {r['S']} | {fmt(r['specjax_tflops'])} | " + extra
+        md.append(f"| {r['dtype']} | {r['hd']} | {r['causal']} | {r['S']} | {fmt(r['specjax_tflops'])} | "
+                  f"{fmt(r.get('specjax_kend_tflops'))} | " + extra
                   + f"{fmt(r['cudnn_tflops'])} | {fmt(r['jax_mgpu_tflops'])} | "
-                  f"{ratio(r['specjax_tflops'], r['cudnn_tflops'])} |" + ov)
+                  f"{ratio(r['specjax_tflops'], r['cudnn_tflops'])} | "
+                  f"{ratio(r.get('specjax_kend_tflops'), r['cudnn_tflops'])} |" + ov)
     for path, text in ((base + ".json", json.dumps(doc, indent=1)),
                        (base + ".md", f"{dev.device_kind}, jax {jax.__version__}, {date}, TFLOPS "
                         f"(median of {rounds} timing rounds)\n\n"

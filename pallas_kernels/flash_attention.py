@@ -76,6 +76,7 @@ import jax
 import jax.experimental.pallas as pl
 import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 _WGMMA = plgpu.Layout.WGMMA
@@ -119,7 +120,9 @@ class TuningConfig:
     ``prefetch`` (persistent): each consumer issues the GMEM loads of its next item's ``k_end`` row
     and key range before running the current item, so their latency leaves the way from one item
     to the next (a few registers more across the KV loop), and with O tiles the producer loads an
-    item's first K/V block before its Q tiles; for short items (pallas_kernels/NOTES.md, v14)."""
+    item's first K/V block before its Q tiles; for short items (pallas_kernels/NOTES.md, v14).
+    ``kernel_mask=False``: a static mask (``flash_attention_fwd(..., causal=...)``) runs as its ``k_end``
+    arrays (``key_end``, ``tile_key_bounds``), the form that measured faster at hd 64 non-causal (NOTES v17)."""
     block_q: int = 64        # query rows per consumer warpgroup (a CTA owns consumers * block_q)
     block_kv: int = 128      # keys per pipeline step
     num_stages: int = 2      # K/V SMEM ring depth
@@ -133,6 +136,7 @@ class TuningConfig:
     spare_q: bool = False    # persistent, o_tiles 0: consumers + 1 Q tiles in rotation
     alternate_gemms: bool = False  # 2 consumers, no overlap: wgmma order QK QK PV PV (``_attend``)
     prefetch: bool = False   # persistent only: the next item's k_end loads one item ahead (class doc)
+    kernel_mask: bool = True  # static masks (``causal=``) in the kernel; False: as k_end arrays (class doc)
 
     def __post_init__(self):
         if self.block_q != 64:
@@ -169,6 +173,9 @@ class TuningConfig:
             raise ValueError(f"prefetch must be True or False and needs persistent=True (it loads the "
                              f"persistent kernel's next item ahead), got prefetch={self.prefetch!r}, "
                              f"persistent={self.persistent!r}")
+        if not isinstance(self.kernel_mask, bool):
+            raise ValueError(f"kernel_mask must be True or False (static masks computed in the kernel, or "
+                             f"passed to it as k_end arrays), got {self.kernel_mask!r}")
         if isinstance(self.num_ctas, bool) or not isinstance(self.num_ctas, int) or self.num_ctas < 1:
             raise ValueError(f"num_ctas must be a positive int (CTAs of the persistent grid, at most "
                              f"one per SM is useful), got {self.num_ctas!r}")
@@ -257,8 +264,10 @@ class TuningConfig:
 # the order QK QK PV PV (``alternate_gemms``), hd 256 non-causal past 2k keys and causal past 8k, H200 probes (NOTES "v13");
 # "+prefetch": the next item's k_end loads one item ahead, the persistent picks without overlap at hd 64 / 128 up to
 # the lengths probed (16k non-causal at hd 64 not), H200 probes (NOTES "v14"); with overlap it measured slower.
+# "+kend": a static mask runs as k_end arrays (``kernel_mask=False``), hd 64 non-causal, an H200 table and probe (NOTES "v17").
 TUNED = {
-    (64, False): ((4096, 256, "persistent+prefetch"), (8192, 128, "persistent+c3+prefetch"), (None, 256, "persistent")),
+    (64, False): ((4096, 256, "persistent+prefetch+kend"), (8192, 128, "persistent+c3+prefetch+kend"),
+                  (None, 256, "persistent+kend")),
     (64, True): ((1024, 128, "persistent+prefetch"), (8192, 256, "persistent+prefetch"), (None, 256, "grid")),
     (128, False): ((4096, 128, "persistent+overlap"), (None, 192, "grid")),
     (128, True): ((4096, 128, "persistent+prefetch"), (None, 192, "grid")),
@@ -285,7 +294,7 @@ def default_config(head_dim: int, kv_len: int | None = None, causal: bool = Fals
     schedule, *flags = schedule.split("+")
     extra = dict(overlap="overlap" in flags, consumers=3 if "c3" in flags else 2, spare_q="spare" in flags,
                  num_stages=1 if "1stage" in flags else 2, alternate_gemms="turns" in flags,
-                 prefetch="prefetch" in flags)
+                 prefetch="prefetch" in flags, kernel_mask="kend" not in flags)
     if schedule == "grid":
         return TuningConfig(block_kv=block_kv, **extra)
     dev = jax.devices()[0]
@@ -469,7 +478,7 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
     ``alternate_gemms``, so the pairing stays balanced from one tile to the next). Tile step ``ki``
     uses ring slot ``(step0 + ki) % num_stages`` (``step0`` None: 0). ``on_last_qk`` runs once the
     last QK^T has read ``q_smem``. ``p_smem`` is None unless ``cfg.interpretable``. ``zero``:
-    ``_opaque_zero``, for ``num_stages=1``."""
+    ``_KeyEnds.zero``, for ``num_stages=1``."""
     bq, bkv, stages = cfg.block_q, cfg.block_kv, cfg.num_stages
     k_smem, v_smem, k_ready, v_ready, k_free, v_free = ring
     step0 = 0 if step0 is None else step0
@@ -575,18 +584,71 @@ def _store_tile(acc, m_i, l_i, kend_row, o_smem, lse_smem, o_gmem, lse_gmem):
     plgpu.copy_smem_to_gmem(lse_smem, lse_gmem)
 
 
-def _opaque_zero(kend_ref, bi, q_base):
-    """0, read from memory: ``k_end`` is clipped to [0, S] before the kernel, so its sign bit is 0,
-    which the compiler cannot know (``_attend``'s ring slot with ``num_stages=1``)."""
-    return lax.shift_right_arithmetic(kend_ref[bi, q_base], 31)
-
-
 def _load_kend_row(kend_ref, bi, q_base, bq: int):
     return plgpu.load(kend_ref.at[bi, pl.ds(q_base, bq)], layout=_ROW, optimized=False)
 
 
+# The static masks ``flash_attention_fwd(..., causal=...)`` takes instead of a ``k_end`` array: the
+# same names and rows as ``key_end(B, T, S, causal=...)`` without lengths, and the offset of their
+# formula ``k_end[t] = clip(t + 1 + offset, 0, S)`` (None: every row sees all S keys).
+STATIC_MASKS = ("none", "top_left", "bottom_right")
+# Probe switches (benchmarks/fa3_static_probe.py), read at trace time: "none"'s step counts, and its rows'
+# k_end, as S + a zero read from memory instead of constants.
+OPAQUE_BOUNDS = False
+OPAQUE_ROW = False
+
+
+@dataclasses.dataclass(frozen=True)
+class _KeyEnds:
+    """Where the kernels read ``k_end`` from. Array form (``mask`` None): ``refs = (kend [B, Tp],
+    kmin [B, tiles], kmax [B, tiles])`` in GMEM, from ``key_end`` and ``tile_key_bounds``. Static form:
+    ``refs = (zero [1],)``, and each tile's bounds and row are arithmetic on its index, so no XLA op
+    runs before the kernel and no consumer waits on a GMEM load between items (``STATIC_MASKS``)."""
+    refs: tuple
+    mask: str | None = None
+    T: int = 0      # the caller's query rows (the kernel's may be padded)
+    S: int = 0      # the caller's keys
+    rows: int = 0   # query rows per tile
+    zero_value: object = None  # static form: ``refs[0][0]``, read once at the kernel's start
+
+    def _offset(self):
+        return {"none": None, "top_left": 0, "bottom_right": self.S - self.T}[self.mask]
+
+    def tile(self, bi, qi):
+        """``(kmin, kmax)`` of tile ``qi`` of sequence ``bi`` (``tile_key_bounds``): the smallest and
+        largest ``k_end`` of its real rows, which for a static mask are its first and last."""
+        if self.mask is None:
+            return self.refs[1][bi, qi], self.refs[2][bi, qi]
+        if (off := self._offset()) is None:
+            n = self.S + self.zero_value if OPAQUE_BOUNDS else jnp.int32(self.S)
+            return n, n
+        first = qi * self.rows
+        last = jnp.minimum(first + self.rows, self.T) - 1
+        return tuple(jnp.clip(t + 1 + off, 0, self.S) for t in (first, last))
+
+    def row(self, bi, q_base, bq: int):
+        """``k_end`` of rows ``q_base ...`` (``bq`` of them) in the softmax's row layout. Static masks
+        give rows past T (padding, never returned) their formula's value; their keys stay within the
+        tile's steps, which only real rows bound."""
+        if self.mask is None:
+            return _load_kend_row(self.refs[0], bi, q_base, bq)
+        if (off := self._offset()) is None:
+            row = plgpu.layout_cast(jnp.full((bq,), self.S, jnp.int32), _ROW)
+            return row + self.zero_value if OPAQUE_ROW else row
+        t = plgpu.broadcasted_iota(jnp.int32, (bq,), 0, layout=_ROW) + q_base
+        return jnp.clip(t + 1 + off, 0, self.S)
+
+    def zero(self, bi, q_base):
+        """0, read from memory, which the compiler cannot fold (``_attend``'s ring slot with
+        ``num_stages=1``): ``k_end`` is clipped to [0, S], so its sign bit is 0; the static form
+        reads its ``zero`` input."""
+        if self.mask is None:
+            return lax.shift_right_arithmetic(self.refs[0][bi, q_base], 31)
+        return self.zero_value
+
+
 # ---------------------------------------------------------------- one CTA per (q tile, batch, head)
-def _kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, o_ref, lse_ref, scoped, *,
+def _kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, o_ref, lse_ref, scoped, *,
             cfg: TuningConfig, n_rep: int, scale_log2: float, n_kv_blocks: int, n_tiles: int):
     bq, bkv, stages = cfg.block_q, cfg.block_kv, cfg.num_stages
     (q_smem2, k_smem, v_smem, lse_smem2, p_smem2), (k_ready, v_ready, q_ready), \
@@ -594,8 +656,7 @@ def _kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, o_ref, lse_ref, s
     ring = (k_smem, v_smem, k_ready, v_ready, k_free, v_free)
     hi, bi, wg = (lax.axis_index(n) for n in ("heads", "batch", "wg"))
     qi = n_tiles - 1 - lax.axis_index("q_tiles")  # longest (causal) tiles first
-    kmax, kmin = kmax_ref[bi, qi], kmin_ref[bi, qi]
-    n_steps, n_open = _kv_range(kmin, kmax, bkv, n_kv_blocks)
+    n_steps, n_open = _kv_range(*keys.tile(bi, qi), bkv, n_kv_blocks)
 
     n_wg, (regs, producer_regs) = cfg.consumers, _REGISTERS[cfg.consumers]
 
@@ -605,8 +666,8 @@ def _kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, o_ref, lse_ref, s
         q_smem, lse_smem = q_smem2.at[wg], lse_smem2.at[wg]
         q_base = (n_wg * qi + wg) * bq
         plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(q_base, bq), hi], q_smem, q_ready.at[wg])
-        kend_row = _load_kend_row(kend_ref, bi, q_base, bq)
-        zero = _opaque_zero(kend_ref, bi, q_base) if stages == 1 else None  # loaded while Q arrives
+        kend_row = keys.row(bi, q_base, bq)
+        zero = keys.zero(bi, q_base) if stages == 1 else None  # loaded while Q arrives
         carry = _init_carry(bq, q_smem.shape[-1])
         plgpu.barrier_wait(q_ready.at[wg])
         acc, m_i, l_i = _attend(q_smem, None if p_smem2 is None else p_smem2.at[wg], kend_row, carry,
@@ -645,7 +706,7 @@ def _kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, o_ref, lse_ref, s
 
 
 # ---------------------------------------------------------------- persistent: CTAs loop over items
-def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs, cfg: TuningConfig,
+def _persistent_kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, *refs, cfg: TuningConfig,
                        n_rep: int, scale_log2: float, n_kv_blocks: int, n_tiles: int, n_batch: int,
                        n_heads: int, n_ctas: int, o_tiles: int):
     """``refs``: ``[order_ref,] o_ref, lse_ref, scoped`` (``order_ref`` with ``cfg.balanced`` only);
@@ -674,7 +735,7 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
         which takes every ``n_ctas``-th item, gets long and short tiles alike. ``balanced``: the
         CTA's j-th item is ``order[cta + j * n_ctas]`` instead (``_balanced_order``)."""
         qi, bi, hi = item_ids(j)
-        n_steps, n_open = _kv_range(kmin_ref[bi, qi], kmax_ref[bi, qi], bkv, n_kv_blocks)
+        n_steps, n_open = _kv_range(*keys.tile(bi, qi), bkv, n_kv_blocks)
         return qi, bi, hi, n_open, n_steps
 
     n_wg, (regs, producer_regs) = cfg.consumers, _REGISTERS[cfg.consumers]
@@ -698,8 +759,7 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
             its ``k_end`` row (only loads: the arithmetic on them runs where they are used)."""
             qi, bi, hi = item_ids(j)
             q_base = (n_wg * qi + wg) * bq
-            return (qi, bi, hi, kmin_ref[bi, qi], kmax_ref[bi, qi],
-                    _load_kend_row(kend_ref, bi, q_base, bq))
+            return (qi, bi, hi, *keys.tile(bi, qi), keys.row(bi, q_base, bq))
 
         def run_item(j, carry):
             step0, ahead = carry
@@ -713,7 +773,7 @@ def _persistent_kernel(q_ref, k_ref, v_ref, kend_ref, kmin_ref, kmax_ref, *refs,
             o_smem = o_smem2.at[wg] if o_tiles else q_smem
             release_q = lambda: plgpu.barrier_arrive(q_free.at[slot])
             q_base = (n_wg * qi + wg) * bq
-            zero = _opaque_zero(kend_ref, bi, q_base) if stages == 1 else None  # loaded while Q arrives
+            zero = keys.zero(bi, q_base) if stages == 1 else None  # loaded while Q arrives
             carry = _init_carry(bq, q_smem.shape[-1])
             plgpu.barrier_wait(q_ready.at[ready])
             acc, m_i, l_i = _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule,
@@ -825,9 +885,11 @@ def _smem_tiled(shape, dtype, swizzle: int | None = None):
 
 
 def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: TuningConfig,
-                   scale: float):
-    """Returns ``fwd(q, k, v, kend_BTp, kmin_BN, kmax_BN[, order]) -> (o_BTHd, lse_BHTp)``
-    (``order`` from ``_balanced_order`` with ``cfg.balanced``)."""
+                   scale: float, mask: str | None = None, real_T: int = 0, real_S: int = 0):
+    """Returns ``fwd(q, k, v, *key_ends[, order]) -> (o_BTHd, lse_BHTp)``: ``key_ends`` is ``(kend_BTp,
+    kmin_BN, kmax_BN)``, or with a static ``mask`` (``STATIC_MASKS``; ``real_T`` / ``real_S``: the
+    caller's lengths, T / S here may be padded) one int32 zero [1] (``_KeyEnds``); ``order`` from
+    ``_balanced_order`` with ``cfg.balanced``."""
     n_tiles, n_wg = pl.cdiv(T, cfg.rows), cfg.consumers
     stages = cfg.num_stages
     common = dict(cfg=cfg, n_rep=H // G, scale_log2=scale * _LOG2E,
@@ -835,12 +897,17 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
     o_tiles = cfg.o_tile_count(d, jnp.dtype(dtype).itemsize)
     n_ctas = min(cfg.num_ctas, n_tiles * B * H)
     if cfg.persistent:
-        body = functools.partial(_persistent_kernel, **common, n_batch=B, n_heads=H, n_ctas=n_ctas,
-                                 o_tiles=o_tiles)
+        kernel = functools.partial(_persistent_kernel, **common, n_batch=B, n_heads=H, n_ctas=n_ctas,
+                                   o_tiles=o_tiles)
         grid, grid_names = (n_ctas,), ("cta",)
     else:
-        body = functools.partial(_kernel, **common)
+        kernel = functools.partial(_kernel, **common)
         grid, grid_names = (H, B, n_tiles), ("heads", "batch", "q_tiles")
+    n_keys = 3 if mask is None else 1
+
+    def body(q_ref, k_ref, v_ref, *refs):
+        keys = _KeyEnds(refs[:n_keys], mask, real_T, real_S, cfg.rows, None if mask is None else refs[0][0])
+        return kernel(q_ref, k_ref, v_ref, keys, *refs[n_keys:])
 
     pv_swizzle = v_swizzle(cfg.block_kv, jnp.dtype(dtype).itemsize)  # PV's A and B share it
 
@@ -919,14 +986,32 @@ def tile_key_bounds(kend_BTp, T: int, S: int, rows: int):
     return jnp.where(real, tiles, S).min(-1), tiles.max(-1)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "config"))
-def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT, *, scale: float | None = None,
-                        config: TuningConfig | None = None):
-    """Jitted entry: ``(o [B,T,H,d], lse [B,H,T] natural log, float32)``. ``config`` defaults to
-    ``default_config(d, S)``, the non-causal tuning; causal callers pass
-    ``default_config(d, S, causal=True)`` (the mask itself always comes from ``kend_BT``)."""
-    _check(q_BTHd, k_BSGd, v_BSGd, kend_BT)
+def _static_tile_bounds(mask: str, B: int, T: int, S: int, rows: int):
+    """``tile_key_bounds`` of ``key_end(B, T, S, causal=mask)`` in numpy, at trace time."""
+    n_tiles = -(-T // rows)
+    kend = np.zeros((B, n_tiles * rows), np.int32)
+    t = np.arange(T)
+    kend[:, :T] = np.clip({"none": np.full(T, S), "top_left": t + 1, "bottom_right": S - T + t + 1}[mask], 0, S)
+    tiles = kend.reshape(B, n_tiles, rows)
+    real = (np.arange(n_tiles * rows) < T).reshape(1, n_tiles, rows)
+    return np.where(real, tiles, S).min(-1), tiles.max(-1)
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "scale", "config"))
+def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT=None, *, causal: str | None = None,
+                        scale: float | None = None, config: TuningConfig | None = None):
+    """Jitted entry: ``(o [B,T,H,d], lse [B,H,T] natural log, float32)``. The mask is either
+    ``kend_BT`` (``key_end``: any lengths and offsets) or ``causal``, one of ``STATIC_MASKS``, which is
+    ``key_end(B, T, S, causal=causal)`` computed inside the kernel: no XLA op before it and no
+    ``k_end`` loads in it, with the same outputs. ``config`` defaults to ``default_config(d, S)``, the
+    non-causal tuning; causal callers pass ``default_config(d, S, causal=True)`` (the mask itself
+    always comes from ``kend_BT`` or ``causal``)."""
+    if (kend_BT is None) == (causal is None) or (causal is not None and causal not in STATIC_MASKS):
+        raise ValueError(f"pass either kend_BT (a [B, T] int32 array, see key_end) or causal, one of "
+                         f"{STATIC_MASKS}; got kend_BT {'None' if kend_BT is None else 'given'}, "
+                         f"causal={causal!r}")
     (B, T, H, d), (S, G) = q_BTHd.shape, k_BSGd.shape[1:3]
+    _check(q_BTHd, k_BSGd, v_BSGd, jax.ShapeDtypeStruct((B, T), jnp.int32) if kend_BT is None else kend_BT)
     cfg = config or default_config(d, S)
     cfg.check_head_dim(d, jnp.dtype(q_BTHd.dtype).itemsize)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
@@ -938,13 +1023,24 @@ def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT, *, scale: float | None 
     Tq, Sk = max(up8(T), rows), max(up8(S), cfg.block_kv * cfg.num_stages)
     q = jnp.pad(q_BTHd, ((0, 0), (0, Tq - T), (0, 0), (0, 0))) if Tq > T else q_BTHd
     pad_kv = lambda x: jnp.pad(x, ((0, 0), (0, Sk - S), (0, 0), (0, 0))) if Sk > S else x
-    kend = jnp.pad(jnp.clip(kend_BT.astype(jnp.int32), 0, S), ((0, 0), (0, n_tiles * rows - T)))
-    kmin, kmax = tile_key_bounds(kend, T, S, rows)
-    fwd = _build_forward(B, Tq, H, Sk, G, d, q.dtype, cfg, scale)
+    if causal is not None and not cfg.kernel_mask:
+        kend_BT, causal = key_end(B, T, S, causal=causal), None
+    if causal is None:
+        kend = jnp.pad(jnp.clip(kend_BT.astype(jnp.int32), 0, S), ((0, 0), (0, n_tiles * rows - T)))
+        kmin, kmax = tile_key_bounds(kend, T, S, rows)
+        key_ends = (kend, kmin, kmax)
+    else:  # a jit constant: no kernel makes it
+        key_ends, kmax = (np.zeros((1,), np.int32),), _static_tile_bounds(causal, B, T, S, rows)[1]
+    fwd = _build_forward(B, Tq, H, Sk, G, d, q.dtype, cfg, scale, causal, T, S)
     order = ()
     if cfg.balanced:
-        order = (_balanced_order(kmax, cfg, pl.cdiv(Sk, cfg.block_kv), H, min(cfg.num_ctas, n_tiles * B * H)),)
-    o, lse = fwd(q, pad_kv(k_BSGd), pad_kv(v_BSGd), kend, kmin, kmax, *order)
+        n_ctas = min(cfg.num_ctas, n_tiles * B * H)
+        if causal is None:
+            order = (_balanced_order(kmax, cfg, pl.cdiv(Sk, cfg.block_kv), H, n_ctas),)
+        else:  # from the static bounds, at trace time: no sort kernel either
+            with jax.ensure_compile_time_eval():
+                order = (np.asarray(_balanced_order(jnp.asarray(kmax), cfg, pl.cdiv(Sk, cfg.block_kv), H, n_ctas)),)
+    o, lse = fwd(q, pad_kv(k_BSGd), pad_kv(v_BSGd), *key_ends, *order)
     return o[:, :T], lse[:, :, :T]
 
 
@@ -971,7 +1067,6 @@ def main(argv=None) -> None:
     call (what ``compute-sanitizer --tool racecheck`` is pointed at; with ``--schedule persistent
     --num-ctas 2`` each CTA runs several items)."""
     import argparse
-    import numpy as np
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--seq", type=int, default=4096)

@@ -12,7 +12,7 @@ import pytest
 from jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call import get_races
 
 from pallas_kernels import dispatch
-from pallas_kernels.flash_attention import (TuningConfig, default_config, flash_attention_fwd,
+from pallas_kernels.flash_attention import (STATIC_MASKS, TuningConfig, default_config, flash_attention_fwd,
                                             flash_attention_reference, key_end, max_overlap_block_kv,
                                             overlap_config, v_swizzle)
 from pallas_kernels.flash_attention_vjp import attention_bwd_blocked, flash_attention
@@ -202,7 +202,7 @@ def test_shared_memory_overflow_is_a_clear_error():
 
 def sched(cfg: TuningConfig) -> str:
     name = "balanced" if cfg.balanced else "persistent" if cfg.persistent else "grid"
-    return name + ("+overlap" if cfg.overlap else "") + ("+c3" if cfg.consumers == 3 else "") + ("+spare" if cfg.spare_q else "") + ("+1stage" if cfg.num_stages == 1 else "") + ("+turns" if cfg.alternate_gemms else "") + ("+prefetch" if cfg.prefetch else "")
+    return name + ("+overlap" if cfg.overlap else "") + ("+c3" if cfg.consumers == 3 else "") + ("+spare" if cfg.spare_q else "") + ("+1stage" if cfg.num_stages == 1 else "") + ("+turns" if cfg.alternate_gemms else "") + ("+prefetch" if cfg.prefetch else "") + ("+kend" if not cfg.kernel_mask else "")
 
 
 def test_default_config_follows_the_tuned_table():
@@ -217,10 +217,10 @@ def test_default_config_follows_the_tuned_table():
             assert default_config(hd, S, causal).smem_bytes(hd) <= 227 * 1024
     for hd, S, causal, want, bkv in ((64, 512, True, "persistent+prefetch", 128),
                                      (64, 1025, True, "persistent+prefetch", 256),
-                                     (64, 4096, False, "persistent+prefetch", 256),
-                                     (64, 8192, False, "persistent+c3+prefetch", 128),
-                                     (64, 8193, False, "persistent", 256),
-                                     (64, 16384, True, "grid", 256), (64, 16384, False, "persistent", 256),
+                                     (64, 4096, False, "persistent+prefetch+kend", 256),
+                                     (64, 8192, False, "persistent+c3+prefetch+kend", 128),
+                                     (64, 8193, False, "persistent+kend", 256),
+                                     (64, 16384, True, "grid", 256), (64, 16384, False, "persistent+kend", 256),
                                      (128, 4096, True, "persistent+prefetch", 128), (128, 4097, True, "grid", 192),
                                      (128, 4096, False, "persistent+overlap", 128),
                                      (128, 16384, False, "grid", 192), (256, 512, False, "persistent+overlap+spare", 64),
@@ -248,12 +248,17 @@ def test_config_and_input_validation():
                 dict(consumers=3, persistent=True, o_tiles=2), dict(spare_q=True), dict(spare_q=1),
                 dict(spare_q=True, persistent=True, o_tiles=2), dict(alternate_gemms=1),
                 dict(alternate_gemms=True, overlap=True), dict(alternate_gemms=True, consumers=3),
-                dict(prefetch=True), dict(prefetch=1, persistent=True)):
+                dict(prefetch=True), dict(prefetch=1, persistent=True), dict(kernel_mask=1)):
         with pytest.raises(ValueError):
             TuningConfig(**bad)
     q = jnp.zeros((1, 8, 2, 80), jnp.bfloat16)
     with pytest.raises(ValueError, match="head dim"):
         flash_attention_fwd(q, q, q, jnp.zeros((1, 8), jnp.int32))
+    q = jnp.zeros((1, 8, 2, 64), jnp.bfloat16)
+    for kend, causal in ((None, None), (jnp.zeros((1, 8), jnp.int32), "none"), (None, "positions"),
+                         (None, "causal")):
+        with pytest.raises(ValueError, match="either kend_BT .* or causal"):
+            flash_attention_fwd(q, q, q, kend, causal=causal)
 
 
 def test_v_swizzle_is_the_widest_that_divides_block_kv():
@@ -638,6 +643,65 @@ def test_interpreter_prefetch_matches_reference(extra, mode, shape):
     _interpret_vs_reference(dataclasses.replace(PREFETCH_INTERP, **extra), mode, shape)
 
 
+# Static masks (``causal=``) against the k_end array of the same mask, bit for bit, across the schedules:
+# the tiles' bounds, the rows, the one-stage zero and the balanced order are computed another way.
+STATIC_CASES = [
+    (INTERP, "top_left", (1, 200, 2, 200, 1, 64)),                        # grid, a partial last tile
+    (INTERP, "bottom_right", (2, 70, 4, 300, 2, 64)),                     # GQA, queries at the keys' end
+    (PERSIST(2, balanced=True), "top_left", (2, 400, 2, 400, 1, 64)),     # the order from the static bounds
+    (dataclasses.replace(PERSIST(3), num_stages=1, alternate_gemms=True), "bottom_right", (2, 70, 4, 300, 2, 64)),
+    (dataclasses.replace(PERSIST(3), prefetch=True), "bottom_right", (1, 300, 2, 100, 1, 64)),  # T > S: rows see nothing
+    (dataclasses.replace(SPARE_INTERP, num_ctas=2), "none", (1, 130, 2, 190, 1, 64)),            # odd lengths
+    (dataclasses.replace(OVERLAP, persistent=True, num_ctas=3), "top_left", (1, 300, 2, 350, 1, 64)),
+    (dataclasses.replace(PERSIST(2), consumers=3), "top_left", (1, 400, 2, 400, 1, 64))]
+
+
+@pytest.mark.parametrize("cfg,mask,shape", STATIC_CASES, ids=lambda c: sched(c) if isinstance(c, TuningConfig) else None)
+def test_interpreter_static_masks_equal_their_kend_arrays(cfg, mask, shape):
+    B, T, H, S, G, d = shape
+    q, k, v = _inputs(12, *shape, jnp.bfloat16)
+    kend = key_end(B, T, S, causal=mask)
+    with plgpu.force_gpu_interpret_mode():
+        want = flash_attention_fwd(q, k, v, kend, config=cfg)
+        got = flash_attention_fwd(q, k, v, causal=mask, config=cfg)
+    _check_close(q, k, v, kend, *got, tol=1e-2)
+    _same_o_and_lse(got, want)
+
+
+def _same_o_and_lse(got, want):
+    """O bit for bit. LSE is checked against the float32 reference (``_check_close``), not between the
+    forms: its float32 bits follow how each form's softmax was compiled (measured: 1 ulp apart, up to 20
+    in the hd 256 overlap forms' causal masks; pallas_kernels/NOTES.md v17)."""
+    np.testing.assert_array_equal(np.asarray(got[0], np.float32), np.asarray(want[0], np.float32))
+
+
+def test_kernel_mask_false_runs_a_static_mask_as_its_kend_arrays():
+    """``TuningConfig(kernel_mask=False)`` (``TUNED``'s "+kend"): ``causal=`` lowers to the ops of the k_end
+    array form (the tiles' bounds before the kernel) and those that build the array (``key_end``)."""
+    x = jax.ShapeDtypeStruct((2, 512, 32, 64), jnp.bfloat16)
+    cfg = default_config(64, 512)
+    assert not cfg.kernel_mask
+    ops = lambda f: set(re.findall(r"stablehlo\.([a-z_]+)", jax.jit(f).trace(x, x, x).lower(
+        lowering_platforms=("cuda",)).as_text()))
+    static = ops(lambda q, k, v: flash_attention_fwd(q, k, v, causal="none", config=cfg))
+    kend = key_end(2, 512, 512, causal="none")
+    assert {"reduce", "pad", "custom_call"} <= ops(lambda q, k, v: flash_attention_fwd(q, k, v, kend, config=cfg)) <= static
+
+
+@pytest.mark.parametrize("hd,S,causal", [(128, 4096, False), (256, 16384, False), (256, 8192, True), (64, 512, True)])
+def test_static_mask_lowers_to_the_kernel_alone(hd, S, causal):
+    """With ``causal=`` the call is the kernel and constants (its zero, the balanced order): none of the
+    ops that compute the tiles' bounds or sort the items from a k_end array."""
+    B, H = 16384 // S, 2048 // hd
+    mask, cfg = ("top_left" if causal else "none"), default_config(hd, S, causal)
+    x = jax.ShapeDtypeStruct((B, S, H, hd), jnp.bfloat16)
+    ops = lambda f: set(re.findall(r"stablehlo\.([a-z_]+)", jax.jit(f).trace(x, x, x).lower(
+        lowering_platforms=("cuda",)).as_text()))
+    assert ops(lambda q, k, v: flash_attention_fwd(q, k, v, causal=mask, config=cfg)) == {"constant", "custom_call"}
+    kend = key_end(B, S, S, causal=mask)
+    assert {"reduce", "pad"} <= ops(lambda q, k, v: flash_attention_fwd(q, k, v, kend, config=cfg))
+
+
 def test_custom_vjp_in_interpreter_matches_grad_of_reference():
     B, T, H, S, G, d = 1, 64, 2, 100, 1, 64
     q, k, v = _inputs(6, B, T, H, S, G, d, jnp.float32)
@@ -779,6 +843,24 @@ def test_gpu_prefetch_matches_float32_reference(hd, cfg, mode):
 @pytest.mark.parametrize("hd,cfg", [pytest.param(hd, c, id=f"hd{hd}-{sched(c)}") for hd, c in PREFETCH[::2]])
 def test_gpu_prefetch_varlen_padding_rows_and_grad(hd, cfg):
     _gpu_varlen_and_grad(cfg, hd)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", STATIC_MASKS)
+@pytest.mark.parametrize("hd,cfg", _tuned_configs())
+def test_gpu_static_masks_match_their_kend_arrays(hd, cfg, mask):
+    """Every ``TUNED`` config with ``causal=``: against the float32 reference and, bit for bit, the same
+    config with the mask's ``k_end`` array; odd lengths and GQA, outputs poisoned."""
+    G = 2
+    for B, T, S in ((2, 1000, 1000), (3, 77, 1531), (1, 1531, 700)):
+        if mask == "top_left" and T != S:
+            continue
+        q, k, v = _inputs(hd + T + 1, B, T, G * REP[hd], S, G, hd, jnp.bfloat16)
+        kend = key_end(B, T, S, causal=mask)
+        _poison((B, T, G * REP[hd], hd), (B, G * REP[hd], T + 256))
+        got = flash_attention_fwd(q, k, v, causal=mask, config=cfg)
+        _check_close(q, k, v, kend, *got, tol=1e-2)
+        _same_o_and_lse(got, flash_attention_fwd(q, k, v, kend, config=cfg))
 
 
 def _gpu_vs_reference(cfg, dtype, hd, mode):
