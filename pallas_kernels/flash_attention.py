@@ -33,7 +33,10 @@ per-sequence lengths and the model's ``s <= q_pos`` rule. Per CTA the kernel rea
 of ``k_end`` over its rows: KV blocks past ``cdiv(max, block_kv)`` are never loaded, blocks below
 ``min // block_kv`` run unmasked, only the rest pay for the mask. Sequence tails need no
 divisibility: TMA zero-fills out-of-bounds loads and drops out-of-bounds stores. Rows that see no key
-return 0 and ``lse = -inf``.
+return 0 and ``lse = -inf``. A static mask (``flash_attention_fwd(..., causal=...)``, ``STATIC_MASKS``:
+non-causal, top-left, bottom-right without lengths) is the same rule with ``k_end``, the tiles' min / max
+and the balanced order computed from the tile index in the kernel or at trace time (``_KeyEnds``): no XLA
+op runs before the kernel and no consumer loads ``k_end`` (NOTES v17).
 
 Persistent variant (``TuningConfig(persistent=True)``): the grid is ``min(num_ctas, items)`` CTAs
 over the work items, all ``(q tile, batch, head)`` triples ordered batch, head, q tile (fastest,
@@ -592,10 +595,6 @@ def _load_kend_row(kend_ref, bi, q_base, bq: int):
 # same names and rows as ``key_end(B, T, S, causal=...)`` without lengths, and the offset of their
 # formula ``k_end[t] = clip(t + 1 + offset, 0, S)`` (None: every row sees all S keys).
 STATIC_MASKS = ("none", "top_left", "bottom_right")
-# Probe switches (benchmarks/fa3_static_probe.py), read at trace time: "none"'s step counts, and its rows'
-# k_end, as S + a zero read from memory instead of constants.
-OPAQUE_BOUNDS = False
-OPAQUE_ROW = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -620,8 +619,7 @@ class _KeyEnds:
         if self.mask is None:
             return self.refs[1][bi, qi], self.refs[2][bi, qi]
         if (off := self._offset()) is None:
-            n = self.S + self.zero_value if OPAQUE_BOUNDS else jnp.int32(self.S)
-            return n, n
+            return jnp.int32(self.S), jnp.int32(self.S)
         first = qi * self.rows
         last = jnp.minimum(first + self.rows, self.T) - 1
         return tuple(jnp.clip(t + 1 + off, 0, self.S) for t in (first, last))
@@ -633,8 +631,7 @@ class _KeyEnds:
         if self.mask is None:
             return _load_kend_row(self.refs[0], bi, q_base, bq)
         if (off := self._offset()) is None:
-            row = plgpu.layout_cast(jnp.full((bq,), self.S, jnp.int32), _ROW)
-            return row + self.zero_value if OPAQUE_ROW else row
+            return plgpu.layout_cast(jnp.full((bq,), self.S, jnp.int32), _ROW)
         t = plgpu.broadcasted_iota(jnp.int32, (bq,), 0, layout=_ROW) + q_base
         return jnp.clip(t + 1 + off, 0, self.S)
 
@@ -756,7 +753,8 @@ def _persistent_kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, *refs, cfg: TuningCo
 
         def fetch(j):
             """Item j's ids and this consumer's loads from GMEM: the tile's k_end min / max and
-            its ``k_end`` row (only loads: the arithmetic on them runs where they are used)."""
+            its ``k_end`` row (only loads: the arithmetic on them runs where they are used; a static
+            mask computes them instead)."""
             qi, bi, hi = item_ids(j)
             q_base = (n_wg * qi + wg) * bq
             return (qi, bi, hi, *keys.tile(bi, qi), keys.row(bi, q_base, bq))
@@ -986,17 +984,6 @@ def tile_key_bounds(kend_BTp, T: int, S: int, rows: int):
     return jnp.where(real, tiles, S).min(-1), tiles.max(-1)
 
 
-def _static_tile_bounds(mask: str, B: int, T: int, S: int, rows: int):
-    """``tile_key_bounds`` of ``key_end(B, T, S, causal=mask)`` in numpy, at trace time."""
-    n_tiles = -(-T // rows)
-    kend = np.zeros((B, n_tiles * rows), np.int32)
-    t = np.arange(T)
-    kend[:, :T] = np.clip({"none": np.full(T, S), "top_left": t + 1, "bottom_right": S - T + t + 1}[mask], 0, S)
-    tiles = kend.reshape(B, n_tiles, rows)
-    real = (np.arange(n_tiles * rows) < T).reshape(1, n_tiles, rows)
-    return np.where(real, tiles, S).min(-1), tiles.max(-1)
-
-
 @functools.partial(jax.jit, static_argnames=("causal", "scale", "config"))
 def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT=None, *, causal: str | None = None,
                         scale: float | None = None, config: TuningConfig | None = None):
@@ -1025,21 +1012,21 @@ def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT=None, *, causal: str | N
     pad_kv = lambda x: jnp.pad(x, ((0, 0), (0, Sk - S), (0, 0), (0, 0))) if Sk > S else x
     if causal is not None and not cfg.kernel_mask:
         kend_BT, causal = key_end(B, T, S, causal=causal), None
-    if causal is None:
+
+    def arrays(kend_BT):
         kend = jnp.pad(jnp.clip(kend_BT.astype(jnp.int32), 0, S), ((0, 0), (0, n_tiles * rows - T)))
         kmin, kmax = tile_key_bounds(kend, T, S, rows)
-        key_ends = (kend, kmin, kmax)
-    else:  # a jit constant: no kernel makes it
-        key_ends, kmax = (np.zeros((1,), np.int32),), _static_tile_bounds(causal, B, T, S, rows)[1]
+        order = (_balanced_order(kmax, cfg, pl.cdiv(Sk, cfg.block_kv), H, min(cfg.num_ctas, n_tiles * B * H)),
+                 ) if cfg.balanced else ()
+        return (kend, kmin, kmax), order
+
+    if causal is None:
+        key_ends, order = arrays(kend_BT)
+    else:  # the balanced order from the static mask's arrays at trace time: constants, no kernel makes them
+        with jax.ensure_compile_time_eval():
+            order = tuple(map(np.asarray, arrays(key_end(B, T, S, causal=causal))[1]))
+        key_ends = (np.zeros((1,), np.int32),)
     fwd = _build_forward(B, Tq, H, Sk, G, d, q.dtype, cfg, scale, causal, T, S)
-    order = ()
-    if cfg.balanced:
-        n_ctas = min(cfg.num_ctas, n_tiles * B * H)
-        if causal is None:
-            order = (_balanced_order(kmax, cfg, pl.cdiv(Sk, cfg.block_kv), H, n_ctas),)
-        else:  # from the static bounds, at trace time: no sort kernel either
-            with jax.ensure_compile_time_eval():
-                order = (np.asarray(_balanced_order(jnp.asarray(kmax), cfg, pl.cdiv(Sk, cfg.block_kv), H, n_ctas)),)
     o, lse = fwd(q, pad_kv(k_BSGd), pad_kv(v_BSGd), *key_ends, *order)
     return o[:, :T], lse[:, :, :T]
 
@@ -1089,7 +1076,8 @@ def main(argv=None) -> None:
     H = 2 if a.small else 2048 // d
     q, k, v = (jax.random.normal(kk, (B, S, H, d), jnp.bfloat16)
                for kk in jax.random.split(jax.random.key(0), 3))
-    kend = key_end(B, S, S, causal="top_left" if a.causal else "none")
+    mask = "top_left" if a.causal else "none"
+    kend = key_end(B, S, S, causal=mask)
     cfg = default_config(d, S, a.causal) if a.schedule == "default" else dataclasses.replace(
         default_config(d), persistent=a.schedule == "persistent", num_ctas=a.num_ctas)
     if a.overlap:
@@ -1100,8 +1088,8 @@ def main(argv=None) -> None:
         cfg = dataclasses.replace(cfg, prefetch=True)
     if a.stages or a.alternate_gemms:
         cfg = dataclasses.replace(cfg, num_stages=a.stages or cfg.num_stages, alternate_gemms=a.alternate_gemms)
-    fwd = functools.partial(flash_attention_fwd, config=cfg)
-    o, lse = fwd(q, k, v, kend)
+    fwd = functools.partial(flash_attention_fwd, causal=mask, config=cfg)  # the static mask, as bench_fa3
+    o, lse = fwd(q, k, v)
     ref = flash_attention_reference(*(x.astype(jnp.float32) for x in (q, k, v)), kend)[0]
     err = float(jnp.linalg.norm(o.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
     print(f"B={B} S={S} H={H} d={d} causal={a.causal} persistent={cfg.persistent} "
@@ -1110,7 +1098,7 @@ def main(argv=None) -> None:
           f"relative error {err:.2e}")
     if not a.small:
         from jax.experimental.mosaic.gpu import profiler
-        _, ms = profiler.measure(lambda *x: fwd(*x), iterations=20)(q, k, v, kend)
+        _, ms = profiler.measure(lambda *x: fwd(*x), iterations=20)(q, k, v)
         flops = 4 * B * S * S * H * d / (2 if a.causal else 1)
         print(f"median {np.median(ms):.3f} ms = {flops / np.median(ms) / 1e9:.0f} TFLOPS")
 
