@@ -7,6 +7,8 @@ ever materialised, no second softmax pass):
   p = exp(s - lse), dV = p^T dO, dP = dO V^T, dS = p * (dP - rowsum(dO * O)), dQ = dS K, dK = dS^T Q
 in float32, scanned over KV blocks of ``block_kv`` keys; GQA gradients are summed over the query
 heads that share a KV head. It is also the kernels' second reference in the tests.
+``attention(..., causal=...)`` without lengths takes ``flash_attention_static``: its forward computes the
+mask in the kernel (``STATIC_MASKS``); the backward is the same, from the mask's ``k_end`` arrays.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels.flash_attention import TuningConfig, flash_attention_fwd, key_end
+from pallas_kernels.flash_attention import STATIC_MASKS, TuningConfig, flash_attention_fwd, key_end
 from pallas_kernels.flash_attention_bwd import HEAD_DIMS, BwdConfig, flash_attention_bwd
 
 
@@ -68,23 +70,50 @@ def _fwd(q, k, v, kend, scale, config):
     return o, (q, k, v, o, lse, kend)
 
 
-def _bwd(scale, config, res, do):
-    q, k, v, o, lse, kend = res
+def _grads(q, k, v, o, lse, do, kend, scale, config):
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if q.shape[-1] in HEAD_DIMS:  # the kernels; interpretable where the forward's config is
         bwd_config = BwdConfig(interpretable=bool(config and config.interpretable))
-        dq, dk, dv = flash_attention_bwd(q, k, v, o, lse, do, kend, scale=scale, config=bwd_config)
-    else:
-        dq, dk, dv = attention_bwd_blocked(q, k, v, o, lse, do, kend, scale=scale)
-    return dq, dk, dv, np.zeros(kend.shape, jax.dtypes.float0)
+        return flash_attention_bwd(q, k, v, o, lse, do, kend, scale=scale, config=bwd_config)
+    return attention_bwd_blocked(q, k, v, o, lse, do, kend, scale=scale)
+
+
+def _bwd(scale, config, res, do):
+    q, k, v, o, lse, kend = res
+    return *_grads(q, k, v, o, lse, do, kend, scale, config), np.zeros(kend.shape, jax.dtypes.float0)
 
 
 flash_attention.defvjp(_fwd, _bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def flash_attention_static(q_BTHd, k_BSGd, v_BSGd, causal: str, scale: float | None = None,
+                           config: TuningConfig | None = None):
+    """``flash_attention`` with a static mask (``STATIC_MASKS``): the forward computes it in the
+    kernel (``flash_attention_fwd(..., causal=...)``), the backward takes its ``k_end`` arrays."""
+    return flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, causal=causal, scale=scale, config=config)[0]
+
+
+def _static_fwd(q, k, v, causal, scale, config):
+    o, lse = flash_attention_fwd(q, k, v, causal=causal, scale=scale, config=config)
+    return o, (q, k, v, o, lse)
+
+
+def _static_bwd(causal, scale, config, res, do):
+    q, k, v, o, lse = res
+    kend = key_end(q.shape[0], q.shape[1], k.shape[1], causal=causal)
+    return _grads(q, k, v, o, lse, do, kend, scale, config)
+
+
+flash_attention_static.defvjp(_static_fwd, _static_bwd)
+
+
 def attention(q_BTHd, k_BSGd, v_BSGd, *, causal: str = "none", kv_lens_B=None, q_lens_B=None,
               scale: float | None = None, config: TuningConfig | None = None):
-    """Convenience entry: builds ``k_end`` from a causal mode and optional per-sequence lengths."""
+    """Convenience entry: builds ``k_end`` from a causal mode and optional per-sequence lengths;
+    without lengths the mask is static (``flash_attention_static``: computed in the forward kernel)."""
+    if kv_lens_B is None and q_lens_B is None and causal in STATIC_MASKS:
+        return flash_attention_static(q_BTHd, k_BSGd, v_BSGd, causal, scale, config)
     B, T, S = q_BTHd.shape[0], q_BTHd.shape[1], k_BSGd.shape[1]
     kend = key_end(B, T, S, causal=causal, kv_lens_B=kv_lens_B, q_lens_B=q_lens_B)
     return flash_attention(q_BTHd, k_BSGd, v_BSGd, kend, scale, config)
