@@ -4,7 +4,7 @@ carried to the device), for that one too, all in one process, with cuDNN per row
 largest difference from cuDNN's.
 
     git show HEAD:pallas_kernels/flash_attention.py > benchmarks/_fa_head.py   # optional
-    PYTHONPATH=. python3 benchmarks/fa3_configs_probe.py ROWS CONFIGS [--iters 20] [--new-only]
+    PYTHONPATH=. python3 benchmarks/fa3_configs_probe.py ROWS CONFIGS [--iters 20] [--new-only] [--mask kend]
 
 ROWS: ``hd:S:c|n`` (causal or not) separated by commas, e.g. ``128:8192:n,256:4096:c``; CONFIGS:
 ``tune_fa3.label`` strings separated by commas, e.g. ``128/2/G+O,192/2/G,64/2/P+O/o0``; ``default``
@@ -64,6 +64,9 @@ def main(argv=None):
                     help="lift max_overlap_block_kv's register estimate (ptxas then says what spills)")
     ap.add_argument("--head-first", action="store_true",
                     help="time _fa_head.py's configs before this tree's in each row (order bias check)")
+    ap.add_argument("--mask", default="static", choices=("static", "kend"),
+                    help="static: flash_attention_fwd(..., causal=...), as bench_fa3.py's specjax column; "
+                         "kend: the mask as a k_end array (the specjax_kend column)")
     ap.add_argument("--regs", default=None,
                     help="setmaxnreg of (consumer, producer) warpgroups with 2 consumers, e.g. 240,24 "
                          "(this tree's kernel; default: its _REGISTERS)")
@@ -87,7 +90,9 @@ def main(argv=None):
                 except (ValueError, TypeError) as e:
                     print(f"  skip {mname} {lab} at hd{hd}: {str(e)[:120]}")
                     continue
-                runs[f"{mname} {lab}"] = jax.jit(lambda q, k, v, c=cfg, m=m: m.flash_attention_fwd(q, k, v, kend, config=c)[0])
+                mask = dict(causal="top_left" if causal else "none") if a.mask == "static" else dict(kend_BT=kend)
+                runs[f"{mname} {lab}"] = jax.jit(
+                    lambda q, k, v, c=cfg, m=m, mask=mask: m.flash_attention_fwd(q, k, v, **mask, config=c)[0])
         ref = None
         for name, f in runs.items():
             try:

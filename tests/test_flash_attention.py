@@ -1,6 +1,7 @@
 """FA3 kernel: CUDA lowering and Mosaic GPU interpreter on CPU; real runs under @pytest.mark.gpu."""
 
 import dataclasses
+import functools
 import itertools
 import re
 
@@ -678,6 +679,19 @@ def _same_o(got, want):
     np.testing.assert_array_equal(np.asarray(got[0], np.float32), np.asarray(want[0], np.float32))
 
 
+def test_static_mask_without_config_takes_the_causal_tuning(monkeypatch):
+    """``flash_attention_fwd(..., causal=...)`` without a config: ``default_config(d, S, causal)`` with
+    ``causal`` true for the causal masks; a ``k_end`` array: the non-causal tuning."""
+    import pallas_kernels.flash_attention as fa
+    seen, real = [], fa.default_config
+    monkeypatch.setattr(fa, "default_config", lambda *a, **k: seen.append(k.get("causal", False)) or real(*a, **k))
+    q = jax.ShapeDtypeStruct((1, 1000, 16, 128), jnp.bfloat16)
+    for causal in STATIC_MASKS:
+        jax.jit(functools.partial(flash_attention_fwd, causal=causal)).trace(q, q, q)
+    jax.jit(flash_attention_fwd).trace(q, q, q, jax.ShapeDtypeStruct((1, 1000), jnp.int32))
+    assert seen == [False, True, True, False]
+
+
 def test_kernel_mask_false_runs_a_static_mask_as_its_kend_arrays():
     """``TuningConfig(kernel_mask=False)`` (``TUNED``'s "+kend"): ``causal=`` lowers to the ops of the k_end
     array form (the tiles' bounds before the kernel) and those that build the array (``key_end``)."""
@@ -892,6 +906,29 @@ def test_gpu_static_masks_match_their_kend_arrays(hd, cfg, mask):
         _same_o(got, flash_attention_fwd(q, k, v, kend, config=cfg))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", ("top_left", "bottom_right"))
+@pytest.mark.parametrize("hd", (64, 128, 256))
+def test_gpu_static_mask_attention_is_differentiable(hd, mask):
+    """``attention(..., causal=mask)`` without lengths (``flash_attention_static``, no config: the causal
+    tuning): O bit for bit the k_end form's with ``default_config(hd, S, causal=True)``, gradients against
+    autodiff of the float32 reference; GQA, odd lengths."""
+    B, T, S, G = 2, (700 if mask == "top_left" else 300), 700, 2
+    q, k, v = _inputs(hd + 5, B, T, G * REP[hd], S, G, hd, jnp.bfloat16)
+    kend = key_end(B, T, S, causal=mask)
+    do = jax.random.normal(jax.random.key(15), q.shape, jnp.float32)
+    loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) * do)
+    _poison(q.shape)
+    o = attention(q, k, v, causal=mask)
+    want = flash_attention(q, k, v, kend, None, default_config(hd, S, causal=True))
+    np.testing.assert_array_equal(np.asarray(o, np.float32), np.asarray(want, np.float32))
+    got = jax.grad(loss(lambda q, k, v: attention(q, k, v, causal=mask)), (0, 1, 2))(q, k, v)
+    f32 = lambda x: x.astype(jnp.float32)
+    ref = jax.grad(loss(lambda q, k, v: flash_attention_reference(q, k, v, kend)[0]), (0, 1, 2))(f32(q), f32(k), f32(v))
+    for g, r in zip(got, ref):
+        assert np.linalg.norm(np.asarray(f32(g)) - r) / np.linalg.norm(r) < 2e-2
+
+
 def _gpu_vs_reference(cfg, dtype, hd, mode):
     """GQA (H / G per head dim: REP), odd lengths, every causal mode; outputs poisoned first."""
     G = 2
@@ -955,11 +992,13 @@ def test_probe_labels_round_trip(monkeypatch):
     import pathlib
     monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
     from tune_fa3 import label, parse_label
-    for text in ("128/2/G", "64/2/P+O/o0", "128/1/P/s1/a1", "128/1/B/a1", "128/2/P/c3", "64/2/B+O/s1", "128/2/P/f1"):
+    for text in ("128/2/G", "64/2/P+O/o0", "128/1/P/s1/a1", "128/1/B/a1", "128/2/P/c3", "64/2/B+O/s1", "128/2/P/f1",
+                 "128/2/P/m0", "64/2/P+O/s1/m0"):
         cfg = parse_label(text, 132)
         assert label(cfg) == text and parse_label(label(cfg), 132) == cfg, text
     assert parse_label("128/1/G/a1", 132).alternate_gemms and not parse_label("128/1/G", 132).alternate_gemms
     assert parse_label("128/2/P/f1", 132).prefetch and not parse_label("128/2/P", 132).prefetch
+    assert not parse_label("64/2/P/m0", 132).kernel_mask and parse_label("64/2/P/n128", 132).num_ctas == 128
     with pytest.raises(ValueError, match="not a config label"):
         parse_label("128/1/G/x1", 132)
 
