@@ -76,18 +76,15 @@ def parse_label(text: str, sms: int, config_type=TuningConfig) -> TuningConfig:
     """The inverse of ``label``: ``"128/2/P+O/o0"`` -> TuningConfig(block_kv=128, num_stages=2,
     persistent=True, overlap=True, o_tiles=0, num_ctas=sms); a ``/c3`` suffix: 3 consumers, ``/s1``:
     ``spare_q``, ``/a1``: ``alternate_gemms``, ``/f1``: ``prefetch``, ``/m0``: ``kernel_mask=False``,
-    ``/r240_24``: ``registers=(240, 24)``, ``/n128``: ``num_ctas=128``."""
+    ``/n128``: ``num_ctas=128``."""
     bkv, stages, sched, *rest = text.split("/")
     sched, _, ov = sched.partition("+")
     keys = {"o": "o_tiles", "c": "consumers", "s": "spare_q", "a": "alternate_gemms", "f": "prefetch",
-            "m": "kernel_mask", "r": "registers", "n": "num_ctas"}
-    digits = lambda r: r[1:].replace("_", "", r[0] == "r").isdigit()
-    if sched not in ("G", "P", "B") or ov not in ("", "O") or any(r[:1] not in keys or not digits(r) for r in rest):
+            "m": "kernel_mask", "n": "num_ctas"}
+    if sched not in ("G", "P", "B") or ov not in ("", "O") or any(r[:1] not in keys or not r[1:].isdigit() for r in rest):
         raise ValueError(f"not a config label (block_kv/num_stages/G|P|B[+O][/oN][/cN][/s1][/a1][/f1][/m0]"
-                         f"[/rC_P][/nN]): {text!r}")
-    value = lambda r: (bool(int(r[1:])) if r[0] in "safm" else
-                       tuple(map(int, r[1:].split("_"))) if r[0] == "r" else int(r[1:]))
-    extra = {"num_ctas": sms, **{keys[r[0]]: value(r) for r in rest}}
+                         f"[/nN]): {text!r}")
+    extra = {"num_ctas": sms, **{keys[r[0]]: bool(int(r[1:])) if r[0] in "safm" else int(r[1:]) for r in rest}}
     return config_type(block_kv=int(bkv), num_stages=int(stages), persistent=sched != "G",
                        balanced=sched == "B", overlap=ov == "O", **extra)
 
@@ -100,9 +97,8 @@ def label(cfg: TuningConfig) -> str:
     turns = "/a1" if cfg.alternate_gemms else ""
     prefetch = "/f1" if cfg.prefetch else ""
     mask = "" if cfg.kernel_mask else "/m0"
-    regs = "" if cfg.registers is None else f"/r{cfg.registers[0]}_{cfg.registers[1]}"
     return (f"{cfg.block_kv}/{cfg.num_stages}/{sched}{'+O' if cfg.overlap else ''}{o_tiles}{consumers}{spare}"
-            f"{turns}{prefetch}{mask}{regs}")
+            f"{turns}{prefetch}{mask}")
 
 
 def main(argv=None) -> None:

@@ -140,7 +140,6 @@ class TuningConfig:
     alternate_gemms: bool = False  # 2 consumers, no overlap: wgmma order QK QK PV PV (``_attend``)
     prefetch: bool = False   # persistent only: the next item's k_end loads one item ahead (class doc)
     kernel_mask: bool = True  # static masks (``causal=``) in the kernel; False: as k_end arrays (class doc)
-    registers: tuple[int, int] | None = None  # setmaxnreg (consumer, producer); None: _REGISTERS[consumers]
 
     def __post_init__(self):
         if self.block_q != 64:
@@ -180,23 +179,9 @@ class TuningConfig:
         if not isinstance(self.kernel_mask, bool):
             raise ValueError(f"kernel_mask must be True or False (static masks computed in the kernel, or "
                              f"passed to it as k_end arrays), got {self.kernel_mask!r}")
-        if self.registers is not None:
-            ok = (isinstance(self.registers, tuple) and len(self.registers) == 2
-                  and all(isinstance(r, int) and not isinstance(r, bool) and r % 8 == 0 and 24 <= r <= 256
-                          for r in self.registers))
-            if not ok or self.consumers * self.registers[0] + self.registers[1] > 512:
-                raise ValueError(f"registers must be None or (consumer, producer) setmaxnreg counts, each a "
-                                 f"multiple of 8 from 24 to 256, with consumers * consumer + producer <= 512 "
-                                 f"(128 threads per warpgroup share the 64K-register file), got "
-                                 f"registers={self.registers!r} with consumers={self.consumers}")
         if isinstance(self.num_ctas, bool) or not isinstance(self.num_ctas, int) or self.num_ctas < 1:
             raise ValueError(f"num_ctas must be a positive int (CTAs of the persistent grid, at most "
                              f"one per SM is useful), got {self.num_ctas!r}")
-
-    @property
-    def register_split(self) -> tuple[int, int]:
-        """setmaxnreg of each consumer and of the producer warpgroup: ``registers`` or the default."""
-        return self.registers or _REGISTERS[self.consumers]
 
     @property
     def rows(self) -> int:
@@ -211,7 +196,7 @@ class TuningConfig:
                 f"overlap=True keeps O, S / P and the previous P in registers: at head dim {head_dim} "
                 f"with {self.consumers} consumers block_kv must be <= {top}, got {self.block_kv} "
                 f"(overlap_config(head_dim) picks one that fits)")
-        budget = self.register_split[0] - _REGISTER_MARGIN
+        budget = _REGISTERS[self.consumers][0] - _REGISTER_MARGIN
         if self.consumers == 3 and head_dim // 2 + self.block_kv // 2 > budget:
             raise ValueError(
                 f"consumers=3 leaves 160 registers per consumer thread: O and S in float32 (head_dim / 2 "
@@ -312,8 +297,7 @@ def default_config(head_dim: int, kv_len: int | None = None, causal: bool = Fals
     schedule, *flags = schedule.split("+")
     extra = dict(overlap="overlap" in flags, consumers=3 if "c3" in flags else 2, spare_q="spare" in flags,
                  num_stages=1 if "1stage" in flags else 2, alternate_gemms="turns" in flags,
-                 prefetch="prefetch" in flags, kernel_mask="kend" not in flags,
-                 registers=next((tuple(map(int, f[1:].split("_"))) for f in flags if f[0] == "r"), None))
+                 prefetch="prefetch" in flags, kernel_mask="kend" not in flags)
     if schedule == "grid":
         return TuningConfig(block_kv=block_kv, **extra)
     dev = jax.devices()[0]
@@ -403,7 +387,7 @@ def _issue_pv(o_ref, acc, p_lo, v_smem, p_smem):
 
 
 def _overlap_steps(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, slot_of, *,
-                   cfg: TuningConfig, scale_log2: float, on_qk=None):
+                   cfg: TuningConfig, scale_log2: float, on_last_qk=None):
     """``_attend``'s KV loop with intra-warpgroup overlap, for ``n_steps > 0``: step 0 computes
     P_0; step ki issues QK^T_ki and PV_{ki-1} (O rescaled by block ki - 1's factor in between, at
     hd <= 128), waits for the QK^T only (``wgmma_wait(1)``: one group left in flight), does softmax
@@ -415,10 +399,10 @@ def _overlap_steps(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, sched
     sync = functools.partial(_sync, schedule)
     lo = k_smem.dtype
 
-    def scores_read(ki, slot):  # K's slot may be refilled; ``on_qk``: e.g. q_smem too (last QK^T)
+    def scores_read(ki, slot):  # K's slot may be refilled; last QK^T: q_smem may be too
         plgpu.barrier_arrive(k_free.at[slot])
-        if on_qk is not None:
-            on_qk(ki)
+        if on_last_qk is not None:
+            pl.when(ki == n_steps - 1)(on_last_qk)
 
     # FA3 rescales O between the QK^T and PV issues (O is no input of the QK^T): +2-3 % at hd 128; at
     # hd 256, where O takes 128 registers, rescaling it after the PV's wait measured faster (NOTES, v6).
@@ -490,13 +474,13 @@ def _overlap_steps(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, sched
 
 
 def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *, wg,
-            cfg: TuningConfig, scale_log2: float, step0=None, on_qk=None, zero=None):
+            cfg: TuningConfig, scale_log2: float, step0=None, on_last_qk=None, zero=None):
     """One consumer warpgroup's KV loop over its ``block_q`` query rows: ``n_open`` unmasked steps,
     then masked ones up to ``n_steps``, ping-ponged with the other consumer through ``schedule``
     (per tile each warpgroup arrives and waits ``2 * n_steps + 1`` times, ``4 * n_steps + 1`` with
     ``alternate_gemms``, so the pairing stays balanced from one tile to the next). Tile step ``ki``
-    uses ring slot ``(step0 + ki) % num_stages`` (``step0`` None: 0). ``on_qk(ki)`` runs once step
-    ``ki``'s QK^T has read ``q_smem`` and K. ``p_smem`` is None unless ``cfg.interpretable``. ``zero``:
+    uses ring slot ``(step0 + ki) % num_stages`` (``step0`` None: 0). ``on_last_qk`` runs once the
+    last QK^T has read ``q_smem``. ``p_smem`` is None unless ``cfg.interpretable``. ``zero``:
     ``_KeyEnds.zero``, for ``num_stages=1``."""
     bq, bkv, stages = cfg.block_q, cfg.block_kv, cfg.num_stages
     k_smem, v_smem, k_ready, v_ready, k_free, v_free = ring
@@ -521,7 +505,7 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
     if cfg.overlap:
         steps = functools.partial(_overlap_steps, q_smem, p_smem, kend_row, n_open=n_open,
                                   n_steps=n_steps, ring=ring, schedule=schedule, slot_of=slot_of,
-                                  cfg=cfg, scale_log2=scale_log2, on_qk=on_qk)
+                                  cfg=cfg, scale_log2=scale_log2, on_last_qk=on_last_qk)
         carry = lax.cond(n_steps > 0, steps, lambda c: c, carry)
         if schedule is not None:
             pl.when(wg == 0)(sync)
@@ -543,8 +527,8 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
             return acc_ref[...]
         s = pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32))
         plgpu.barrier_arrive(k_free.at[slot])
-        if on_qk is not None:
-            on_qk(ki)
+        if on_last_qk is not None:
+            pl.when(ki == n_steps - 1)(on_last_qk)
         m_new, alpha, p = _scores_to_p(s, m_i, kend_row, ki, masked, scale_log2)
         l_i = l_i * alpha + p.sum(axis=1)
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
@@ -671,7 +655,7 @@ def _kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, o_ref, lse_ref, scoped, *,
     qi = n_tiles - 1 - lax.axis_index("q_tiles")  # longest (causal) tiles first
     n_steps, n_open = _kv_range(*keys.tile(bi, qi), bkv, n_kv_blocks)
 
-    n_wg, (regs, producer_regs) = cfg.consumers, cfg.register_split
+    n_wg, (regs, producer_regs) = cfg.consumers, _REGISTERS[cfg.consumers]
 
     @pl.when(wg < n_wg)
     def _consumer():
@@ -751,7 +735,7 @@ def _persistent_kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, *refs, cfg: TuningCo
         n_steps, n_open = _kv_range(*keys.tile(bi, qi), bkv, n_kv_blocks)
         return qi, bi, hi, n_open, n_steps
 
-    n_wg, (regs, producer_regs) = cfg.consumers, cfg.register_split
+    n_wg, (regs, producer_regs) = cfg.consumers, _REGISTERS[cfg.consumers]
 
     n_q = cfg.q_tiles
 
@@ -790,44 +774,21 @@ def _persistent_kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, *refs, cfg: TuningCo
             zero = keys.zero(bi, q_base) if stages == 1 else None  # loaded while Q arrives
             carry = _init_carry(bq, q_smem.shape[-1])
             plgpu.barrier_wait(q_ready.at[ready])
-            if o_tiles:
-                on_qk = lambda ki: pl.when(ki == n_steps - 1)(release_q)
-            elif late:     # the previous item's O store has long been read once this QK^T is done
-                on_qk = lambda ki: pl.when(is_late & (ki == 0) & (j > 0))(lambda: release_late(j - 1))
-            else:
-                on_qk = None
             acc, m_i, l_i = _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule,
-                                    wg=wg, cfg=cfg, scale_log2=scale_log2, step0=step0, on_qk=on_qk,
-                                    zero=zero)
+                                    wg=wg, cfg=cfg, scale_log2=scale_log2, step0=step0,
+                                    on_last_qk=release_q if o_tiles else None, zero=zero)
             if o_tiles:
                 pl.when(n_steps == 0)(release_q)   # no QK^T ran: q_smem was not read
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last item's stores left o/lse_smem
-            elif late:
-                pl.when(is_late & (n_steps == 0) & (j > 0))(lambda: release_late(j - 1))
             _store_tile(acc, m_i, l_i, kend_row, o_smem, lse_smem,
                         o_ref.at[bi, pl.ds(q_base, bq), hi], lse_ref.at[bi, hi, pl.ds(q_base, bq)])
             if not o_tiles:
-                def o_read_out():
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # O (in q_smem) read out
-                    release_q()
-                pl.when(jnp.logical_not(is_late))(o_read_out) if late else o_read_out()
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # O (in q_smem) read out
+                release_q()
             return step0 + n_steps, ahead
-
-        # spare_q: the last consumer's Q tile is next filled for an item two of its partner's items
-        # ahead, so it releases the tile (after its O store was read) only at its next item's first
-        # QK^T: its wait for that store leaves the way from one item to the next, which it holds up
-        # for both consumers (it ends each item last). The other consumers' tiles are wanted at
-        # once (pallas_kernels/NOTES.md, v18).
-        late, is_late = cfg.spare_q, wg == n_wg - 1
-
-        def release_late(j):
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-            plgpu.barrier_arrive(q_free.at[q_tile(j, wg)[0]])
 
         lax.fori_loop(0, n_items, run_item, (jnp.int32(0), fetch(0) if cfg.prefetch else ()))
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-        if late:
-            pl.when(is_late & (n_items > 0))(lambda: release_late(n_items - 1))
 
     @pl.when(wg == n_wg)
     def _producer():
@@ -1111,6 +1072,8 @@ def main(argv=None) -> None:
                     help="wgmma order QK QK PV PV (TuningConfig.alternate_gemms; no --overlap)")
     ap.add_argument("--prefetch", action="store_true",
                     help="persistent only: the next item's k_end loads one item ahead (TuningConfig.prefetch)")
+    ap.add_argument("--no-check", action="store_true",
+                    help="skip the float32 reference (XLA's GPU ops; e.g. under compute-sanitizer)")
     a = ap.parse_args(argv)
     B, S, d = (1, 300, 64) if a.small else (16384 // a.seq, a.seq, a.head_dim)
     H = 2 if a.small else 2048 // d
@@ -1129,13 +1092,15 @@ def main(argv=None) -> None:
     if a.stages or a.alternate_gemms:
         cfg = dataclasses.replace(cfg, num_stages=a.stages or cfg.num_stages, alternate_gemms=a.alternate_gemms)
     fwd = functools.partial(flash_attention_fwd, causal=mask, config=cfg)  # the static mask, as bench_fa3
-    o, lse = fwd(q, k, v)
-    ref = flash_attention_reference(*(x.astype(jnp.float32) for x in (q, k, v)), kend)[0]
-    err = float(jnp.linalg.norm(o.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
+    o, lse = jax.block_until_ready(fwd(q, k, v))
+    if a.no_check:
+        check = "not checked (--no-check)"
+    else:
+        ref = flash_attention_reference(*(x.astype(jnp.float32) for x in (q, k, v)), kend)[0]
+        check = f"relative error {float(jnp.linalg.norm(o.astype(jnp.float32) - ref) / jnp.linalg.norm(ref)):.2e}"
     print(f"B={B} S={S} H={H} d={d} causal={a.causal} persistent={cfg.persistent} "
           f"overlap={cfg.overlap} spare_q={cfg.spare_q} block_kv={cfg.block_kv} stages={cfg.num_stages} "
-          f"alternate_gemms={cfg.alternate_gemms} prefetch={cfg.prefetch}: "
-          f"relative error {err:.2e}")
+          f"alternate_gemms={cfg.alternate_gemms} prefetch={cfg.prefetch} kernel_mask={cfg.kernel_mask}: {check}")
     if not a.small:
         from jax.experimental.mosaic.gpu import profiler
         _, ms = profiler.measure(lambda *x: fwd(*x), iterations=20)(q, k, v)
