@@ -321,6 +321,31 @@ def with_overlap(cfg: TuningConfig, head_dim: int) -> TuningConfig:
 
 
 # ---------------------------------------------------------------- pieces shared by both kernels
+def _produce(n_steps, stages: int, loads):
+    """A producer's ring over ``n_steps`` steps. ``loads``: ``((load, free), ...)``; step ``ki`` runs
+    each ``load(ki, slot)`` in turn into slot ``ki % stages``, a refill only once that load's ``free``
+    barrier says the consumers released the slot (the forward frees K and V apart, so K's refill does
+    not wait for the PV); then the last releases are observed, so no barrier phase is left pending at
+    exit. The grid forward and both ``flash_attention_bwd`` kernels use it."""
+    for i in range(stages):
+        @pl.when(i < n_steps)
+        def _():
+            for load, _ in loads:
+                load(i, i)
+
+    @pl.loop(0, jnp.maximum(n_steps - stages, 0))
+    def _(ki):
+        slot = lax.rem(ki, stages)
+        for load, free in loads:
+            plgpu.barrier_wait(free.at[slot])
+            load(ki + stages, slot)
+
+    @pl.loop(jnp.maximum(n_steps - stages, 0), n_steps)
+    def _(ki):
+        for _, free in loads:
+            plgpu.barrier_wait(free.at[lax.rem(ki, stages)])
+
+
 def _kv_steps(kmax, block_kv: int, n_kv_blocks: int):
     """KV blocks any row of a tile whose largest ``k_end`` is ``kmax`` sees (its KV steps)."""
     return jnp.minimum(pl.cdiv(kmax, block_kv), n_kv_blocks)
@@ -678,28 +703,10 @@ def _kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, o_ref, lse_ref, scoped, *,
     def _producer():
         plgpu.set_max_registers(producer_regs, action="decrease")
         gi = lax.div(hi, n_rep)
-
-        def load(ki, slot):
-            kv = (bi, pl.ds(ki * bkv, bkv), gi)
-            plgpu.copy_gmem_to_smem(k_ref.at[kv], k_smem.at[slot], k_ready.at[slot])
-            plgpu.copy_gmem_to_smem(v_ref.at[kv], v_smem.at[slot], v_ready.at[slot])
-
-        for i in range(stages):
-            pl.when(i < n_steps)(functools.partial(load, i, i))
-
-        @pl.loop(0, jnp.maximum(n_steps - stages, 0))
-        def _(ki):
-            slot = lax.rem(ki, stages)
-            plgpu.barrier_wait(k_free.at[slot])
-            kv = (bi, pl.ds((ki + stages) * bkv, bkv), gi)
-            plgpu.copy_gmem_to_smem(k_ref.at[kv], k_smem.at[slot], k_ready.at[slot])
-            plgpu.barrier_wait(v_free.at[slot])
-            plgpu.copy_gmem_to_smem(v_ref.at[kv], v_smem.at[slot], v_ready.at[slot])
-
-        @pl.loop(jnp.maximum(n_steps - stages, 0), n_steps)
-        def _(ki):  # observe the last releases too, so no barrier phase is left pending at exit
-            plgpu.barrier_wait(k_free.at[lax.rem(ki, stages)])
-            plgpu.barrier_wait(v_free.at[lax.rem(ki, stages)])
+        kv = lambda ki: (bi, pl.ds(ki * bkv, bkv), gi)
+        load_k = lambda ki, slot: plgpu.copy_gmem_to_smem(k_ref.at[kv(ki)], k_smem.at[slot], k_ready.at[slot])
+        load_v = lambda ki, slot: plgpu.copy_gmem_to_smem(v_ref.at[kv(ki)], v_smem.at[slot], v_ready.at[slot])
+        _produce(n_steps, stages, ((load_k, k_free), (load_v, v_free)))
 
 
 # ---------------------------------------------------------------- persistent: CTAs loop over items

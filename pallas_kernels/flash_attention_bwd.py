@@ -46,7 +46,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas_kernels.flash_attention import (_LOG2E, _REGISTERS, _SMEM_LIMIT, _check, _kv_range, _load_kend_row,
-                                            _smem_tiled, default_config, flash_attention_fwd,
+                                            _produce, _smem_tiled, default_config, flash_attention_fwd,
                                             flash_attention_reference, key_end, tile_key_bounds)
 
 _WGMMA = plgpu.Layout.WGMMA
@@ -106,24 +106,6 @@ class BwdConfig:
 
 
 # ---------------------------------------------------------------- pieces of both kernels
-def _produce(n_steps, stages: int, load, free):
-    """The producer's ring: ``load(step, slot)`` for every step, each slot refilled once ``free``
-    says both consumers released it; then the last releases are observed, so no barrier phase is
-    left pending at exit."""
-    for i in range(stages):
-        pl.when(i < n_steps)(functools.partial(load, i, i))
-
-    @pl.loop(0, jnp.maximum(n_steps - stages, 0))
-    def _(ki):
-        slot = lax.rem(ki, stages)
-        plgpu.barrier_wait(free.at[slot])
-        load(ki + stages, slot)
-
-    @pl.loop(jnp.maximum(n_steps - stages, 0), n_steps)
-    def _(ki):
-        plgpu.barrier_wait(free.at[lax.rem(ki, stages)])
-
-
 def _gemms(pairs, accs, staged=None):
     """Issues the wgmmas ``acc_i += a_i @ b_i`` together and waits for them. ``staged`` None: onto
     ``accs`` in place, register A operands allowed. Otherwise (interpretable) one entry per pair:
@@ -225,7 +207,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, qlo_ref, qhi_ref, dk_ref
                                     st_ready.at[slot])
             plgpu.copy_gmem_to_smem(do_ref.at[rows], do_smem.at[slot], do_ready.at[slot])
 
-        _produce(n_steps, stages, load, free)
+        _produce(n_steps, stages, ((load, free),))
 
 
 # ---------------------------------------------------------------- dQ
@@ -285,7 +267,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, kend_ref, kmin_ref, kmax_
             plgpu.copy_gmem_to_smem(k_ref.at[rows], k_smem.at[slot], k_ready.at[slot])
             plgpu.copy_gmem_to_smem(v_ref.at[rows], v_smem.at[slot], v_ready.at[slot])
 
-        _produce(n_steps, stages, load, free)
+        _produce(n_steps, stages, ((load, free),))
 
 
 # ---------------------------------------------------------------- builders and entry
