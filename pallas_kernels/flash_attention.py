@@ -61,8 +61,9 @@ and the per-item fixed cost (Q load, pipeline ramp, O/LSE epilogue) overlaps the
     range before it runs the current item, so that round trip is off the way between items (short
     items: hd 64 causal 512 +6 %; the overlap forms lose ~1 % to the registers it holds; NOTES v14).
 With ``balanced=True`` CTA c runs ``order[c], order[c + grid], ...`` instead: the items sorted by
-KV steps, longest first, dealt in snake order (``_balanced_order``, computed in XLA from the per-tile
-key ranges), so causal tiles of unequal work even out; ``default_config`` uses it for long causal rows.
+KV steps, longest first, dealt in snake order (``_balanced_order``: a trace-time constant for a static
+mask, else computed in XLA from the per-tile key ranges), so causal tiles of unequal work even out;
+``default_config`` uses it for long causal rows.
 Barrier phases: Mosaic GPU keeps one parity bit per barrier per thread, flipped by each
 ``barrier_wait``, so every thread that waits on a barrier must wait on every one of its phases, in
 order, and no barrier may complete twice ahead of a waiter; both kernels keep that (the producer
@@ -860,17 +861,22 @@ def _balanced_order(kmax_BN, cfg: TuningConfig, n_kv_blocks: int, n_heads: int, 
     """``order[i]`` (int32, over all items) for ``TuningConfig(balanced=True)``: CTA c runs items
     ``order[c], order[c + n_ctas], ...``. Items (in ``item``'s base order) are sorted by their KV
     steps, longest first (stable: equal items keep the base order and its L2 locality), and dealt
-    in snake order: round j gives the next ``n_ctas`` items to CTAs 0, 1, ... when j is even and
-    in reverse when odd (the last, partial round in order), so per-CTA work evens out (greedy
-    LPT). Causal 8k at hd 128: the plain round robin leaves one CTA 1.44x the mean work, this
-    1.00x (a static count of KV steps + 2 per item, pallas_kernels/NOTES.md)."""
+    in snake order, anchored at the end: the last full round gives its ``n_ctas`` items to CTAs
+    n_ctas - 1, ..., 0 (its largest to the last CTA), the round before it to 0, 1, ..., and so on
+    back, so per-CTA work evens out (greedy LPT). The last, partial round can only go to CTAs 0, 1,
+    ... (CTA c has the items c, c + n_ctas, ...), which the last full round gave its smallest items.
+    Counting KV steps + 2 per item (``benchmarks/fa3_waves.py``): causal 8k at hd 128, the plain round
+    robin leaves one CTA 1.44x the mean work, this 1.001x; hd 256 causal 4k / 8k 1.002x / 1.000x, where
+    the snake anchored at the start (before NOTES v18) left 1.031x, the partial round landing on the
+    CTAs that had the largest items."""
     B, n_tiles = kmax_BN.shape
     w = jnp.arange(B * n_heads * n_tiles, dtype=jnp.int32)
     qi, bi, _ = _item_tile(w, n_tiles, n_heads)
     steps = _kv_steps(kmax_BN[bi, qi], cfg.block_kv, n_kv_blocks)
     by_work = jnp.argsort(-steps, stable=True)
     rnd, c = w // n_ctas, w % n_ctas
-    snake = (rnd % 2 == 1) & (rnd < w.shape[0] // n_ctas)
+    full = w.shape[0] // n_ctas
+    snake = ((full - 1 - rnd) % 2 == 0) & (rnd < full)
     return by_work[jnp.where(snake, rnd * n_ctas + n_ctas - 1 - c, w)].astype(jnp.int32)
 
 

@@ -420,7 +420,9 @@ def test_smem_bytes_is_what_mosaic_allocates(hd, cfg):
 
 def test_balanced_order_is_a_permutation_that_evens_out_causal_work():
     """Each item once; with causal top-left tiles, per-CTA KV steps (+2 per item for its fixed cost)
-    within 5 % of the mean where the plain round robin is 1.4x off (hd128 S=8k, hd256 S=4k/8k)."""
+    within 1 % of the mean where the plain round robin is 1.4x off (hd128 S=8k, hd256 S=4k/8k; the snake
+    anchored at the start, before NOTES v18, left hd 256 at 1.031x); at hd 64 S=512 (31 or 32 items of 3-6
+    steps per CTA) within 5 %."""
     from pallas_kernels.flash_attention import _balanced_order
     for hd, S, rr_worst in ((128, 8192, 1.4), (256, 4096, 1.4), (256, 8192, 1.4), (64, 512, None)):
         B, H, n_ctas, n_tiles, bkv = 16384 // S, 2048 // hd, 132, S // 128, default_config(hd).block_kv
@@ -434,7 +436,7 @@ def test_balanced_order_is_a_permutation_that_evens_out_causal_work():
         work = -(-np.asarray(kmax)[bh // H, qi] // bkv) + 2   # base order's items
         per_cta = lambda ids: np.bincount(np.arange(n) % n_ctas, weights=work[ids])
         mean = work.sum() / n_ctas
-        assert per_cta(order).max() / mean < 1.05, (hd, S)
+        assert per_cta(order).max() / mean < (1.05 if rr_worst is None else 1.01), (hd, S)
         if rr_worst is not None:  # what the round robin did
             assert per_cta(np.arange(n)).max() / mean > rr_worst, (hd, S)
 
@@ -985,6 +987,20 @@ def test_gpu_dispatch_matches_model_reference():
     ref = attention_reference(*(x.astype(jnp.float32) for x in (q, k, v)), q_pos)
     o = np.asarray(o.astype(jnp.float32))
     assert np.linalg.norm(o - ref) / np.linalg.norm(ref) < 1e-2
+
+
+def test_wave_count_of_the_table_rows(monkeypatch):
+    """benchmarks/fa3_waves.py: 1024 equal items on 132 SMs leave the busiest SM 8 items against a mean of
+    7.76 (hd 256 non-causal); the balanced order evens hd 256 causal 8k out; the grid's greedy dispatch of
+    the longest causal tiles first does too (hd 128 causal 16k)."""
+    import pathlib
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    from fa3_waves import sm_loads
+    n, load = sm_loads(256, 512, False, 132, 2.0)
+    assert n == 1024 and load.max() / load.mean() == pytest.approx(8 / (1024 / 132))
+    for row in ((256, 8192, True), (128, 16384, True)):
+        n, load = sm_loads(*row, 132, 2.0)
+        assert load.max() / load.mean() < 1.005, row
 
 
 def test_probe_labels_round_trip(monkeypatch):
