@@ -5,7 +5,9 @@
 # fa3_retune_gpu.sh, fa3_snake_gpu.sh. The helpers
 # they share.
 
-# The carried pure-Python wheels (.whl/, e.g. gguf) into /tmp/site, which the scripts put on PYTHONPATH.
+# The carried pure-Python wheels (.whl/, e.g. gguf) into /tmp/site, which the scripts put on PYTHONPATH. The FA3
+# scripts that run GPU tests with `-n 4` also need pytest-xdist there:
+#   pip download --no-deps -d .whl gguf==0.19.0 pytest-xdist==3.8.0 execnet==2.1.2
 install_whl() {
   [ -d .whl ] || return 0
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \

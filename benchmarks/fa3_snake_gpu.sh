@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call (<= 10 min), from the repo root, carrying .whl (gguf) and benchmarks/_fa_head.py
+# One device call (<= 10 min), from the repo root, carrying .whl (gguf, pytest-xdist, execnet) and benchmarks/_fa_head.py
 # (`git show 4732b44:pallas_kernels/flash_attention.py > benchmarks/_fa_head.py`, the snake anchored at the start):
 #   bash benchmarks/fa3_snake_gpu.sh
 # NOTES v18: _balanced_order's snake anchored at the end (benchmarks/fa3_waves.py counts hd 256 causal 4k / 8k at
