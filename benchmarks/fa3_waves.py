@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from pallas_kernels.flash_attention import (_balanced_order, _item_tile, _kv_steps, default_config, key_end,
-                                            tile_key_bounds)
+                                            padded_key_ends)
 
 SEQS = (512, 1024, 2048, 4096, 8192, 16384)
 
@@ -36,10 +36,8 @@ def item_costs(hd: int, S: int, causal: bool, item_cost: float):
     one row of the table."""
     cfg = default_config(hd, S, causal)
     B, H, rows = 16384 // S, 2048 // hd, cfg.rows
-    n_tiles = -(-S // rows)
-    kend = np.zeros((B, n_tiles * rows), np.int32)
-    kend[:, :S] = np.asarray(key_end(B, S, S, causal="top_left" if causal else "none"))
-    kmax = np.asarray(tile_key_bounds(kend, S, S, rows)[1])
+    kmax = np.asarray(padded_key_ends(key_end(B, S, S, causal="top_left" if causal else "none"), S, S, rows)[2])
+    n_tiles = kmax.shape[1]
     qi, bi, _ = (np.asarray(x) for x in _item_tile(np.arange(B * H * n_tiles), n_tiles, H))
     steps = np.asarray(_kv_steps(kmax[bi, qi], cfg.block_kv, -(-S // cfg.block_kv)))
     return cfg, steps + item_cost, kmax, H

@@ -997,6 +997,14 @@ def tile_key_bounds(kend_BTp, T: int, S: int, rows: int):
     return jnp.where(real, tiles, S).min(-1), tiles.max(-1)
 
 
+def padded_key_ends(kend_BT, T: int, S: int, rows: int):
+    """``(kend [B, tiles * rows], kmin, kmax [B, tiles])``: ``kend_BT`` clipped to [0, S] and padded to
+    whole ``rows``-row tiles, and its tiles' bounds (``tile_key_bounds``), as the kernels read them."""
+    n_tiles = -(-T // rows)
+    kend = jnp.pad(jnp.clip(kend_BT.astype(jnp.int32), 0, S), ((0, 0), (0, n_tiles * rows - T)))
+    return (kend, *tile_key_bounds(kend, T, S, rows))
+
+
 @functools.partial(jax.jit, static_argnames=("causal", "scale", "config"))
 def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT=None, *, causal: str | None = None,
                         scale: float | None = None, config: TuningConfig | None = None):
@@ -1028,11 +1036,10 @@ def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT=None, *, causal: str | N
         kend_BT, causal = key_end(B, T, S, causal=causal), None
 
     def arrays(kend_BT):
-        kend = jnp.pad(jnp.clip(kend_BT.astype(jnp.int32), 0, S), ((0, 0), (0, n_tiles * rows - T)))
-        kmin, kmax = tile_key_bounds(kend, T, S, rows)
-        order = (_balanced_order(kmax, cfg, pl.cdiv(Sk, cfg.block_kv), H, min(cfg.num_ctas, n_tiles * B * H)),
+        key_ends = padded_key_ends(kend_BT, T, S, rows)
+        order = (_balanced_order(key_ends[2], cfg, pl.cdiv(Sk, cfg.block_kv), H, min(cfg.num_ctas, n_tiles * B * H)),
                  ) if cfg.balanced else ()
-        return (kend, kmin, kmax), order
+        return key_ends, order
 
     if causal is None:
         key_ends, order = arrays(kend_BT)

@@ -47,7 +47,7 @@ from jax import lax
 
 from pallas_kernels.flash_attention import (_LOG2E, _REGISTERS, _SMEM_LIMIT, _check, _kv_range, _load_kend_row,
                                             _produce, _smem_tiled, default_config, flash_attention_fwd,
-                                            flash_attention_reference, key_end, tile_key_bounds)
+                                            flash_attention_reference, key_end, padded_key_ends)
 
 _WGMMA = plgpu.Layout.WGMMA
 _ROW = plgpu.Layout.WGMMA.reduce(1)   # one value per row of a [64, n] wgmma tile
@@ -345,14 +345,13 @@ def flash_attention_bwd(q_BTHd, k_BSGd, v_BSGd, o_BTHd, lse_BHT, do_BTHd, kend_B
     Tq, Sk = max(up8(T), rows), max(up8(S), rows, cfg.block_kv_dq * cfg.stages_dq)
     pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, 0))) if n > x.shape[1] else x
     q, do, k, v = pad(q_BTHd, Tq), pad(do_BTHd.astype(q_BTHd.dtype), Tq), pad(k_BSGd, Sk), pad(v_BSGd, Sk)
-    kend = jnp.pad(jnp.clip(kend_BT.astype(jnp.int32), 0, S), ((0, 0), (0, Tp - T)))
+    kend, kmin, kmax = padded_key_ends(kend_BT, T, S, rows)
     # A reduction of its own: fused into the stack below it ran as a 0.28 ms loop at 16k tokens x 16
     # heads (the kernels: ~3 ms); alone it reads O and dO once at the HBM rate.
     delta = lax.optimization_barrier(jnp.sum(o_BTHd.astype(f32) * do_BTHd.astype(f32), -1)).transpose(0, 2, 1)
     lse2 = jnp.where(jnp.isfinite(lse_BHT), lse_BHT * _LOG2E, 0.0)   # rows that saw no key: p masked to 0
     stats = jnp.stack([lse2, delta, jnp.broadcast_to(kend[:, None, :T].astype(f32), (B, H, T))], axis=2)
     stats = jnp.pad(stats, ((0, 0), (0, 0), (0, 0), (0, Tp - T)))     # [B, H, (lse2, delta, k_end), Tp]
-    kmin, kmax = tile_key_bounds(kend, T, S, rows)
     qlo, qhi = _q_block_ranges(kend, pl.cdiv(Sk, rows))
     dk, dv = _build_dkv(B, H, Sk, G, d, q.dtype, cfg, scale)(q, k, v, do, stats, qlo, qhi)
     dq = _build_dq(B, Tq, H, Sk, G, d, q.dtype, cfg, scale)(q, k, v, do, stats, kend, kmin, kmax)
