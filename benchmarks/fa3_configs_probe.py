@@ -8,9 +8,10 @@ largest difference from cuDNN's.
 
 ROWS: ``hd:S:c|n`` (causal or not) separated by commas, e.g. ``128:8192:n,256:4096:c``; CONFIGS:
 ``tune_fa3.label`` strings separated by commas, e.g. ``128/2/G+O,192/2/G,64/2/P+O/o0``; ``default``
-is each row's ``default_config``. Configs that do not fit a row's head dim are skipped.
+is each row's ``default_config``, ``default/k2`` (any label suffixes) that config with those fields. Configs that do not fit a row's head dim are skipped.
 """
 import argparse
+import dataclasses
 import importlib.util
 import os
 import statistics
@@ -22,7 +23,7 @@ from jax.experimental.mosaic.gpu import profiler
 
 sys.path.insert(0, os.path.dirname(__file__))
 from pallas_kernels import flash_attention as new  # noqa: E402
-from tune_fa3 import parse_label  # noqa: E402
+from tune_fa3 import label_fields, parse_label  # noqa: E402
 
 
 def _modules(new_only: bool):
@@ -85,7 +86,10 @@ def main(argv=None):
         for mname, m in mods:
             for lab in a.configs.split(","):
                 try:
-                    cfg = m.default_config(hd, S, causal) if lab == "default" else parse_label(lab, sms, m.TuningConfig)
+                    if lab.split("/")[0] == "default":
+                        cfg = dataclasses.replace(m.default_config(hd, S, causal), **label_fields(lab.split("/")[1:], lab))
+                    else:
+                        cfg = parse_label(lab, sms, m.TuningConfig)
                     cfg.check_head_dim(hd)
                 except (ValueError, TypeError) as e:
                     print(f"  skip {mname} {lab} at hd{hd}: {str(e)[:120]}")
