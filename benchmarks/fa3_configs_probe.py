@@ -8,7 +8,8 @@ largest difference from cuDNN's.
 
 ROWS: ``hd:S:c|n`` (causal or not) separated by commas, e.g. ``128:8192:n,256:4096:c``; CONFIGS:
 ``tune_fa3.label`` strings separated by commas, e.g. ``128/2/G+O,192/2/G,64/2/P+O/o0``; ``default``
-is each row's ``default_config``, ``default/k2`` (any label suffixes) that config with those fields. Configs that do not fit a row's head dim are skipped.
+is each row's ``default_config``, ``default/f1`` (any label suffixes) that config with those fields.
+Configs that do not fit a row's head dim are skipped.
 """
 import argparse
 import dataclasses

@@ -126,14 +126,7 @@ class TuningConfig:
     to the next (a few registers more across the KV loop), and with O tiles the producer loads an
     item's first K/V block before its Q tiles; for short items (pallas_kernels/NOTES.md, v14).
     ``kernel_mask=False``: a static mask (``flash_attention_fwd(..., causal=...)``) runs as its ``k_end``
-    arrays (``key_end``, ``tile_key_bounds``), the form that measured faster at hd 64 non-causal (NOTES v17).
-    ``cluster=2`` (FA3's cluster for hd >= 128 non-causal): two CTAs of a cluster take the adjacent q tiles
-    2p and 2p + 1 of one (batch, head) and walk the same KV blocks; each block's K and V are TMA-multicast
-    (each CTA loads half, both receive all), so L2 serves each block once per pair, and a ring slot is refilled
-    once the consumers of both CTAs released it (``ClusterBarrier``). A CTA whose tile has fewer KV steps than
-    its partner's (causal, lengths, a phantom tile past an odd tile count) waits out and releases the
-    partner's extra blocks. With ``persistent`` the grid has ``num_ctas // 2`` clusters, each looping over
-    tile pairs."""
+    arrays (``key_end``, ``tile_key_bounds``), the form that measured faster at hd 64 non-causal (NOTES v17)."""
     block_q: int = 64        # query rows per consumer warpgroup (a CTA owns consumers * block_q)
     block_kv: int = 128      # keys per pipeline step
     num_stages: int = 2      # K/V SMEM ring depth
@@ -148,7 +141,6 @@ class TuningConfig:
     alternate_gemms: bool = False  # 2 consumers, no overlap: wgmma order QK QK PV PV (``_attend``)
     prefetch: bool = False   # persistent only: the next item's k_end loads one item ahead (class doc)
     kernel_mask: bool = True  # static masks (``causal=``) in the kernel; False: as k_end arrays (class doc)
-    cluster: int = 1         # CTAs per cluster: 2 pairs adjacent q tiles, K/V multicast to both (class doc)
 
     def __post_init__(self):
         if self.block_q != 64:
@@ -188,12 +180,6 @@ class TuningConfig:
         if not isinstance(self.kernel_mask, bool):
             raise ValueError(f"kernel_mask must be True or False (static masks computed in the kernel, or "
                              f"passed to it as k_end arrays), got {self.kernel_mask!r}")
-        if (isinstance(self.cluster, bool) or self.cluster not in (1, 2) or (self.cluster == 2 and self.balanced)
-                or (self.persistent and self.num_ctas < self.cluster)):
-            raise ValueError(f"cluster must be 1 or 2 (CTAs sharing K/V by TMA multicast); 2 is not for "
-                             f"balanced=True (its order deals single tiles) and a persistent grid needs "
-                             f"num_ctas >= 2, got cluster={self.cluster!r}, balanced={self.balanced!r}, "
-                             f"num_ctas={self.num_ctas!r}")
         if isinstance(self.num_ctas, bool) or not isinstance(self.num_ctas, int) or self.num_ctas < 1:
             raise ValueError(f"num_ctas must be a positive int (CTAs of the persistent grid, at most "
                              f"one per SM is useful), got {self.num_ctas!r}")
@@ -312,7 +298,7 @@ def default_config(head_dim: int, kv_len: int | None = None, causal: bool = Fals
     schedule, *flags = schedule.split("+")
     extra = dict(overlap="overlap" in flags, consumers=3 if "c3" in flags else 2, spare_q="spare" in flags,
                  num_stages=1 if "1stage" in flags else 2, alternate_gemms="turns" in flags,
-                 prefetch="prefetch" in flags, kernel_mask="kend" not in flags, cluster=2 if "cl2" in flags else 1)
+                 prefetch="prefetch" in flags, kernel_mask="kend" not in flags)
     if schedule == "grid":
         return TuningConfig(block_kv=block_kv, **extra)
     dev = jax.devices()[0]
@@ -372,31 +358,6 @@ def _kv_range(kmin, kmax, block_kv: int, n_kv_blocks: int):
     return n_steps, jnp.minimum(lax.div(kmin, block_kv), n_steps)
 
 
-def _pair_steps(keys, bi, qi, n_tiles: int, block_kv: int, n_kv_blocks: int):
-    """``cluster=2``: ``(n_steps, n_open, n_load)`` of q tile ``qi``: its own KV range (``_kv_range``; none
-    for a phantom tile ``qi >= n_tiles`` past an odd tile count) and the pair's, ``n_load`` = the larger
-    of its and its partner's (tile ``qi ^ 1``) steps, the blocks both CTAs' producers multicast."""
-    def steps(t):
-        n_steps, n_open = _kv_range(*keys.tile(bi, jnp.minimum(t, n_tiles - 1)), block_kv, n_kv_blocks)
-        return jnp.where(t < n_tiles, n_steps, 0), jnp.where(t < n_tiles, n_open, 0)
-    n_steps, n_open = steps(qi)
-    return n_steps, n_open, jnp.maximum(n_steps, steps(lax.bitwise_xor(qi, 1))[0])
-
-
-def _drain(ring, first, last, slot_of):
-    """``cluster=2``: a consumer waits out and releases ring steps ``first .. last - 1``, its partner's KV
-    blocks past its own tile's, so that both CTAs' slots are refilled and every barrier phase is seen."""
-    _, _, k_ready, v_ready, k_free, v_free = ring
-
-    @pl.loop(first, last)
-    def _(ki):
-        slot = slot_of(ki)
-        plgpu.barrier_wait(k_ready.at[slot])
-        plgpu.barrier_arrive(k_free.at[slot])
-        plgpu.barrier_wait(v_ready.at[slot])
-        plgpu.barrier_arrive(v_free.at[slot])
-
-
 def _item_tile(w, n_tiles: int, n_heads: int):
     """``(qi, bi, hi)`` of persistent item ``w`` in the base order: batch slowest, then head, then
     q tile fastest, zigzag (longest-first for even heads, shortest-first for odd ones; see the
@@ -404,12 +365,6 @@ def _item_tile(w, n_tiles: int, n_heads: int):
     r, bh = lax.rem(w, n_tiles), lax.div(w, n_tiles)
     qi = jnp.where(lax.rem(bh, 2) == 0, n_tiles - 1 - r, r)
     return qi, lax.div(bh, n_heads), lax.rem(bh, n_heads)
-
-
-def _load_block(src, dst, ready, cfg: TuningConfig):
-    """TMA of one K or V block into its ring slot; ``cluster=2``: multicast, each CTA of the pair loads
-    half of it and both receive all (both must issue it)."""
-    plgpu.copy_gmem_to_smem(src, dst, ready, collective_axes="pair" if cfg.cluster == 2 else None)
 
 
 def _arrive(schedule):  # the ping-pong's halves; no-ops with 3 consumers (``schedule`` None)
@@ -723,13 +678,8 @@ def _kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, o_ref, lse_ref, scoped, *,
         (k_free, v_free), schedule = scoped
     ring = (k_smem, v_smem, k_ready, v_ready, k_free, v_free)
     hi, bi, wg = (lax.axis_index(n) for n in ("heads", "batch", "wg"))
-    if cfg.cluster == 1:
-        qi = n_tiles - 1 - lax.axis_index("q_tiles")  # longest (causal) tiles first
-        n_steps, n_open = _kv_range(*keys.tile(bi, qi), bkv, n_kv_blocks)
-        n_load = n_steps
-    else:  # tile pairs, longest first; the cluster's CTAs take tiles 2p and 2p + 1
-        qi = 2 * (pl.cdiv(n_tiles, 2) - 1 - lax.axis_index("q_tiles")) + lax.axis_index("pair")
-        n_steps, n_open, n_load = _pair_steps(keys, bi, qi, n_tiles, bkv, n_kv_blocks)
+    qi = n_tiles - 1 - lax.axis_index("q_tiles")  # longest (causal) tiles first
+    n_steps, n_open = _kv_range(*keys.tile(bi, qi), bkv, n_kv_blocks)
 
     n_wg, (regs, producer_regs) = cfg.consumers, _REGISTERS[cfg.consumers]
 
@@ -739,16 +689,13 @@ def _kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, o_ref, lse_ref, scoped, *,
         q_smem, lse_smem = q_smem2.at[wg], lse_smem2.at[wg]
         q_base = (n_wg * qi + wg) * bq
         plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(q_base, bq), hi], q_smem, q_ready.at[wg])
-        k_base = (n_wg * jnp.minimum(qi, n_tiles - 1) + wg) * bq if cfg.cluster == 2 else q_base  # phantom tile
-        kend_row = keys.row(bi, k_base, bq)
-        zero = keys.zero(bi, k_base) if stages == 1 else None  # loaded while Q arrives
+        kend_row = keys.row(bi, q_base, bq)
+        zero = keys.zero(bi, q_base) if stages == 1 else None  # loaded while Q arrives
         carry = _init_carry(bq, q_smem.shape[-1])
         plgpu.barrier_wait(q_ready.at[wg])
         acc, m_i, l_i = _attend(q_smem, None if p_smem2 is None else p_smem2.at[wg], kend_row, carry,
                                 n_open, n_steps, ring, schedule, wg=wg, cfg=cfg, scale_log2=scale_log2,
                                 zero=zero)
-        if cfg.cluster == 2:
-            _drain(ring, n_steps, n_load, lambda ki: lax.rem(ki, stages))
         _store_tile(acc, m_i, l_i, kend_row, q_smem, lse_smem, o_ref.at[bi, pl.ds(q_base, bq), hi],
                     lse_ref.at[bi, hi, pl.ds(q_base, bq)])
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -758,9 +705,9 @@ def _kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, o_ref, lse_ref, scoped, *,
         plgpu.set_max_registers(producer_regs, action="decrease")
         gi = lax.div(hi, n_rep)
         kv = lambda ki: (bi, pl.ds(ki * bkv, bkv), gi)
-        load_k = lambda ki, slot: _load_block(k_ref.at[kv(ki)], k_smem.at[slot], k_ready.at[slot], cfg)
-        load_v = lambda ki, slot: _load_block(v_ref.at[kv(ki)], v_smem.at[slot], v_ready.at[slot], cfg)
-        _produce(n_load, stages, ((load_k, k_free), (load_v, v_free)))
+        load_k = lambda ki, slot: plgpu.copy_gmem_to_smem(k_ref.at[kv(ki)], k_smem.at[slot], k_ready.at[slot])
+        load_v = lambda ki, slot: plgpu.copy_gmem_to_smem(v_ref.at[kv(ki)], v_smem.at[slot], v_ready.at[slot])
+        _produce(n_steps, stages, ((load_k, k_free), (load_v, v_free)))
 
 
 # ---------------------------------------------------------------- persistent: CTAs loop over items
@@ -774,34 +721,18 @@ def _persistent_kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, *refs, cfg: TuningCo
     (q_smem2, k_smem, v_smem, lse_smem2, p_smem2, o_smem2), (k_ready, v_ready, q_ready), \
         (k_free, v_free), q_free, schedule = scoped
     ring = (k_smem, v_smem, k_ready, v_ready, k_free, v_free)
-    cta, wg = lax.axis_index("cta"), lax.axis_index("wg")   # cluster=2: "cta" is the cluster
-    n_units = pl.cdiv(n_tiles, cfg.cluster)                  # q tiles, or tile pairs, per (batch, head)
-    n_items = lax.div(n_units * n_batch * n_heads - 1 - cta, n_ctas) + 1  # items cta, cta + n_ctas, ...
+    cta, wg = lax.axis_index("cta"), lax.axis_index("wg")
+    n_items = lax.div(n_tiles * n_batch * n_heads - 1 - cta, n_ctas) + 1  # items cta, cta + n_ctas, ...
 
     def item_ids(j):
-        """``(qi, bi, hi)`` of this CTA's j-th item (``item``); ``cluster=2``: the item is a tile pair,
-        this CTA's tile of it ``qi``."""
+        """``(qi, bi, hi)`` of this CTA's j-th item (``item``)."""
         w = cta + j * n_ctas
         if order_ref is not None:
             w = order_ref[w]
-        qi, bi, hi = _item_tile(w, n_units, n_heads)
-        return (qi if cfg.cluster == 1 else 2 * qi + lax.axis_index("pair")), bi, hi
-
-    def bounds(bi, qi):
-        """Tile ``qi``'s ``(kmin, kmax)``, or with ``cluster=2`` its ``_pair_steps``."""
-        if cfg.cluster == 1:
-            return keys.tile(bi, qi)
-        return _pair_steps(keys, bi, qi, n_tiles, bkv, n_kv_blocks)
-
-    def steps(bounds):
-        """``(n_steps, n_open, n_load)``: the tile's KV range and the blocks the ring loads."""
-        if cfg.cluster == 1:
-            n_steps, n_open = _kv_range(*bounds, bkv, n_kv_blocks)
-            return n_steps, n_open, n_steps
-        return bounds
+        return _item_tile(w, n_tiles, n_heads)
 
     def item(j):
-        """``(qi, bi, hi, n_open, n_load)`` of this CTA's j-th item. Item order: batch slowest, then
+        """``(qi, bi, hi, n_open, n_steps)`` of this CTA's j-th item. Item order: batch slowest, then
         head, then q tile fastest, so the CTAs running at one time share a few heads' K/V in L2 (the
         first version put the q tile slowest: ~132 heads' K/V then streamed from HBM at once and
         short-S rows were bandwidth-bound, pallas_kernels/NOTES.md). The q tiles of a head run
@@ -809,8 +740,8 @@ def _persistent_kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, *refs, cfg: TuningCo
         which takes every ``n_ctas``-th item, gets long and short tiles alike. ``balanced``: the
         CTA's j-th item is ``order[cta + j * n_ctas]`` instead (``_balanced_order``)."""
         qi, bi, hi = item_ids(j)
-        _, n_open, n_load = steps(bounds(bi, qi))
-        return qi, bi, hi, n_open, n_load
+        n_steps, n_open = _kv_range(*keys.tile(bi, qi), bkv, n_kv_blocks)
+        return qi, bi, hi, n_open, n_steps
 
     n_wg, (regs, producer_regs) = cfg.consumers, _REGISTERS[cfg.consumers]
 
@@ -833,29 +764,27 @@ def _persistent_kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, *refs, cfg: TuningCo
             its ``k_end`` row (only loads: the arithmetic on them runs where they are used; a static
             mask computes them instead)."""
             qi, bi, hi = item_ids(j)
-            qk = qi if cfg.cluster == 1 else jnp.minimum(qi, n_tiles - 1)  # a phantom tile reads the last's
-            return (qi, bi, hi, bounds(bi, qi), keys.row(bi, (n_wg * qk + wg) * bq, bq))
+            q_base = (n_wg * qi + wg) * bq
+            return (qi, bi, hi, *keys.tile(bi, qi), keys.row(bi, q_base, bq))
 
         def run_item(j, carry):
             step0, ahead = carry
             if cfg.prefetch:  # item j's loads were issued one item back; issue item j + 1's
-                (qi, bi, hi, tile_bounds, kend_row), ahead = ahead, fetch(jnp.minimum(j + 1, n_items - 1))
+                (qi, bi, hi, kmin, kmax, kend_row), ahead = ahead, fetch(jnp.minimum(j + 1, n_items - 1))
             else:             # their latency is on the way from one item to the next
-                qi, bi, hi, tile_bounds, kend_row = fetch(j)
-            n_steps, n_open, n_load = steps(tile_bounds)
+                qi, bi, hi, kmin, kmax, kend_row = fetch(j)
+            n_steps, n_open = _kv_range(kmin, kmax, bkv, n_kv_blocks)
             slot, ready = q_tile(j, wg)
             q_smem = q_smem2.at[slot]
             o_smem = o_smem2.at[wg] if o_tiles else q_smem
             release_q = lambda: plgpu.barrier_arrive(q_free.at[slot])
             q_base = (n_wg * qi + wg) * bq
-            zero = keys.zero(bi, q_base if cfg.cluster == 1 else 0) if stages == 1 else None  # loaded while Q arrives
+            zero = keys.zero(bi, q_base) if stages == 1 else None  # loaded while Q arrives
             carry = _init_carry(bq, q_smem.shape[-1])
             plgpu.barrier_wait(q_ready.at[ready])
             acc, m_i, l_i = _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule,
                                     wg=wg, cfg=cfg, scale_log2=scale_log2, step0=step0,
                                     on_last_qk=release_q if o_tiles else None, zero=zero)
-            if cfg.cluster == 2:
-                _drain(ring, n_steps, n_load, lambda ki: lax.rem(step0 + ki, stages))
             if o_tiles:
                 pl.when(n_steps == 0)(release_q)   # no QK^T ran: q_smem was not read
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last item's stores left o/lse_smem
@@ -864,7 +793,7 @@ def _persistent_kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, *refs, cfg: TuningCo
             if not o_tiles:
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # O (in q_smem) read out
                 release_q()
-            return step0 + n_load, ahead
+            return step0 + n_steps, ahead
 
         lax.fori_loop(0, n_items, run_item, (jnp.int32(0), fetch(0) if cfg.prefetch else ()))
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -887,9 +816,9 @@ def _persistent_kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, *refs, cfg: TuningCo
         def load_kv(step, ki, bi, gi):  # ``step`` counts K/V blocks over all of this CTA's items
             slot, kv = lax.rem(step, stages), (bi, pl.ds(ki * bkv, bkv), gi)
             pl.when(step >= stages)(lambda: plgpu.barrier_wait(k_free.at[slot]))
-            _load_block(k_ref.at[kv], k_smem.at[slot], k_ready.at[slot], cfg)
+            plgpu.copy_gmem_to_smem(k_ref.at[kv], k_smem.at[slot], k_ready.at[slot])
             pl.when(step >= stages)(lambda: plgpu.barrier_wait(v_free.at[slot]))
-            _load_block(v_ref.at[kv], v_smem.at[slot], v_ready.at[slot], cfg)
+            plgpu.copy_gmem_to_smem(v_ref.at[kv], v_smem.at[slot], v_ready.at[slot])
 
         def load_q(j, w, qi, bi, hi):  # Q of consumer w's j-th item, once its tile is free
             slot, ready = q_tile(j, w)
@@ -898,20 +827,20 @@ def _persistent_kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, *refs, cfg: TuningCo
                                     q_smem2.at[slot], q_ready.at[ready])
 
         def run_item(j, step0):
-            qi, bi, hi, _, n_load = item(j)   # n_load: the tile's KV steps (cluster=2: the pair's)
+            qi, bi, hi, _, n_steps = item(j)
             gi = lax.div(hi, n_rep)
             kv_steps = lambda lo, up: pl.loop(lo, up)(lambda ki: load_kv(step0 + ki, ki, bi, gi))
-            n_lead = jnp.minimum(n_load, lead)
+            n_lead = jnp.minimum(n_steps, lead)
             if lead:
                 kv_steps(0, n_lead)
             if cfg.spare_q:
                 pl.when(j == 0)(lambda: load_q(j, 0, qi, bi, hi))
             for w in range(1 if cfg.spare_q else 0, n_wg):
                 load_q(j, w, qi, bi, hi)
-            kv_steps(n_lead, n_load)
+            kv_steps(n_lead, n_steps)
             if cfg.spare_q:
                 pl.when(j + 1 < n_items)(lambda: load_q(j + 1, 0, *item(j + 1)[:3]))
-            return step0 + n_load
+            return step0 + n_steps
 
         n_total = lax.fori_loop(0, n_items, run_item, jnp.int32(0))
 
@@ -977,16 +906,14 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
     common = dict(cfg=cfg, n_rep=H // G, scale_log2=scale * _LOG2E,
                   n_kv_blocks=pl.cdiv(S, cfg.block_kv), n_tiles=n_tiles)
     o_tiles = cfg.o_tile_count(d, jnp.dtype(dtype).itemsize)
-    n_units = pl.cdiv(n_tiles, cfg.cluster)  # q tiles, or (cluster=2) tile pairs, per (batch, head)
-    n_ctas = min(cfg.num_ctas // cfg.cluster, n_units * B * H)  # cluster=2: clusters of the persistent grid
+    n_ctas = min(cfg.num_ctas, n_tiles * B * H)
     if cfg.persistent:
         kernel = functools.partial(_persistent_kernel, **common, n_batch=B, n_heads=H, n_ctas=n_ctas,
                                    o_tiles=o_tiles)
         grid, grid_names = (n_ctas,), ("cta",)
     else:
         kernel = functools.partial(_kernel, **common)
-        grid, grid_names = (H, B, n_units), ("heads", "batch", "q_tiles")
-    cluster = dict(cluster=(2,), cluster_names=("pair",)) if cfg.cluster == 2 else {}
+        grid, grid_names = (H, B, n_tiles), ("heads", "batch", "q_tiles")
     n_keys = 3 if mask is None else 1
 
     def body(q_ref, k_ref, v_ref, *refs):
@@ -1005,10 +932,7 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
         )
         barriers = (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
                     plgpu.Barrier(num_barriers=cfg.q_ready_barriers))
-        if cfg.cluster == 2:  # a multicast slot is refilled once both CTAs' consumers released it
-            free = (plgpu.ClusterBarrier(collective_axes=("pair",), num_arrivals=n_wg, num_barriers=stages),) * 2
-        else:
-            free = (plgpu.Barrier(num_arrivals=n_wg, num_barriers=stages),) * 2
+        free = (plgpu.Barrier(num_arrivals=n_wg, num_barriers=stages),) * 2
         q_free = ()
         if cfg.persistent:  # + the O tiles; q_free: a consumer warpgroup's Q SMEM may be refilled
             scratch += (_smem_tiled((n_wg, cfg.block_q, d), dtype) if o_tiles else None,)
@@ -1022,7 +946,7 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
         entry,
         out_type=(jax.ShapeDtypeStruct((B, T, H, d), dtype),
                   jax.ShapeDtypeStruct((B, H, n_tiles * cfg.rows), jnp.float32)),
-        grid=grid, grid_names=grid_names, **cluster,
+        grid=grid, grid_names=grid_names,
         num_threads=n_wg + 1, thread_name="wg",
         # No cross-warp reductions here (row max / sum stay within a warp's quads): the 2 KiB of SMEM
         # Mosaic GPU reserves for them by default would keep 192-key blocks at hd 128 and a 3-deep

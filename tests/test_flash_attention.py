@@ -203,7 +203,7 @@ def test_shared_memory_overflow_is_a_clear_error():
 
 def sched(cfg: TuningConfig) -> str:
     name = "balanced" if cfg.balanced else "persistent" if cfg.persistent else "grid"
-    return name + ("+overlap" if cfg.overlap else "") + ("+c3" if cfg.consumers == 3 else "") + ("+spare" if cfg.spare_q else "") + ("+1stage" if cfg.num_stages == 1 else "") + ("+turns" if cfg.alternate_gemms else "") + ("+prefetch" if cfg.prefetch else "") + ("+kend" if not cfg.kernel_mask else "") + ("+cl2" if cfg.cluster == 2 else "")
+    return name + ("+overlap" if cfg.overlap else "") + ("+c3" if cfg.consumers == 3 else "") + ("+spare" if cfg.spare_q else "") + ("+1stage" if cfg.num_stages == 1 else "") + ("+turns" if cfg.alternate_gemms else "") + ("+prefetch" if cfg.prefetch else "") + ("+kend" if not cfg.kernel_mask else "")
 
 
 def test_default_config_follows_the_tuned_table():
@@ -249,9 +249,7 @@ def test_config_and_input_validation():
                 dict(consumers=3, persistent=True, o_tiles=2), dict(spare_q=True), dict(spare_q=1),
                 dict(spare_q=True, persistent=True, o_tiles=2), dict(alternate_gemms=1),
                 dict(alternate_gemms=True, overlap=True), dict(alternate_gemms=True, consumers=3),
-                dict(prefetch=True), dict(prefetch=1, persistent=True), dict(kernel_mask=1),
-                dict(cluster=3), dict(cluster=True), dict(cluster=2, persistent=True, balanced=True),
-                dict(cluster=2, persistent=True, num_ctas=1)):
+                dict(prefetch=True), dict(prefetch=1, persistent=True), dict(kernel_mask=1)):
         with pytest.raises(ValueError):
             TuningConfig(**bad)
     q = jnp.zeros((1, 8, 2, 80), jnp.bfloat16)
@@ -383,24 +381,6 @@ def test_lowers_for_cuda_with_three_consumers(cfg):
     for B, T, H, S, G in ((32, 512, 32, 512, 32), (1, 16384, 32, 16384, 32), (2, 77, 6, 301, 2)):
         q, k = (jax.ShapeDtypeStruct((B, n, h, 64), jnp.bfloat16) for n, h in ((T, H), (S, G)))
         assert "mosaic_gpu" in _lowered_for_cuda(cfg, q, k)
-
-
-CLUSTER = [(128, TuningConfig(block_kv=192, cluster=2)),
-           (128, TuningConfig(block_kv=128, persistent=True, overlap=True, cluster=2)),
-           (256, TuningConfig(block_kv=64, persistent=True, overlap=True, spare_q=True, cluster=2)),
-           (256, TuningConfig(block_kv=128, num_stages=1, alternate_gemms=True, cluster=2)),
-           (64, TuningConfig(block_kv=256, persistent=True, prefetch=True, cluster=2))]
-
-
-@pytest.mark.parametrize("hd,cfg", [pytest.param(hd, c, id=f"hd{hd}-kv{c.block_kv}-{sched(c)}") for hd, c in CLUSTER])
-def test_lowers_for_cuda_with_clusters(hd, cfg):
-    """``cluster=2`` (K/V multicast to a pair of CTAs, cluster barriers): the table's shortest and longest
-    rows at the head dim and an odd GQA shape, whose odd tile count leaves a phantom tile (``k_end`` traced)."""
-    for B, T, H, S, G in ((32, 512, 2048 // hd, 512, 2048 // hd), (1, 16384, 2048 // hd, 16384, 2048 // hd),
-                          (2, 301, 6, 77, 2)):
-        q, k = (jax.ShapeDtypeStruct((B, n, h, hd), jnp.bfloat16) for n, h in ((T, H), (S, G)))
-        text = _lowered_for_cuda(cfg, q, k)
-        assert "mosaic_gpu" in text
 
 
 PREFETCH = [(64, TuningConfig(block_kv=128, persistent=True, prefetch=True)),
@@ -666,23 +646,6 @@ def test_interpreter_prefetch_matches_reference(extra, mode, shape):
     _interpret_vs_reference(dataclasses.replace(PREFETCH_INTERP, **extra), mode, shape)
 
 
-CLUSTER_INTERP = dataclasses.replace(INTERP, cluster=2)
-
-
-@pytest.mark.parametrize("extra,mode,shape", [
-    ({}, "bottom_right", (1, 300, 2, 350, 1, 64)),    # 3 tiles: the pair (2, 3) has a phantom tile; a pair's
-                                                     # tiles differ in KV steps, so the shorter one drains
-    (dict(num_stages=1, alternate_gemms=True), "top_left", (2, 200, 2, 200, 1, 64)),
-    (dict(persistent=True, num_ctas=2), "positions", (2, 70, 4, 300, 2, 64)),  # one cluster, 4 pair items, GQA
-    (dict(persistent=True, num_ctas=4, overlap=True, prefetch=True), "bottom_right", (1, 300, 2, 350, 1, 64)),
-    (dict(persistent=True, num_ctas=2, spare_q=True), "none", (1, 130, 2, 190, 1, 128))])
-def test_interpreter_cluster_matches_reference(extra, mode, shape):
-    """``cluster=2``: two CTAs per tile pair, the ring's slots freed by both CTAs' consumers (cluster
-    barriers; the interpreter loads each CTA's block itself instead of multicasting it). Without the drain
-    of a shorter tile's extra steps these hang: the partner's slots are never freed."""
-    _interpret_vs_reference(dataclasses.replace(CLUSTER_INTERP, **extra), mode, shape)
-
-
 # Static masks (``causal=``) against the k_end array of the same mask, O bit for bit, across the schedules:
 # the tiles' bounds, the rows, the one-stage zero and the balanced order are computed another way.
 STATIC_CASES = [
@@ -693,8 +656,7 @@ STATIC_CASES = [
     (dataclasses.replace(PERSIST(3), prefetch=True), "bottom_right", (1, 300, 2, 100, 1, 64)),  # T > S: rows see nothing
     (dataclasses.replace(SPARE_INTERP, num_ctas=2), "none", (1, 130, 2, 190, 1, 64)),            # odd lengths
     (dataclasses.replace(OVERLAP, persistent=True, num_ctas=3), "top_left", (1, 300, 2, 350, 1, 64)),
-    (dataclasses.replace(PERSIST(2), consumers=3), "top_left", (1, 400, 2, 400, 1, 64)),
-    (dataclasses.replace(PERSIST(2), cluster=2, overlap=True), "bottom_right", (2, 70, 4, 300, 2, 64))]
+    (dataclasses.replace(PERSIST(2), consumers=3), "top_left", (1, 400, 2, 400, 1, 64))]
 
 
 @pytest.mark.parametrize("cfg,mask,shape", STATIC_CASES, ids=lambda c: sched(c) if isinstance(c, TuningConfig) else None)
@@ -929,23 +891,6 @@ def test_gpu_prefetch_varlen_padding_rows_and_grad(hd, cfg):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("hd,cfg", [pytest.param(hd, c, id=f"hd{hd}-kv{c.block_kv}-{sched(c)}") for hd, c in CLUSTER])
-def test_gpu_cluster_matches_float32_reference(hd, cfg, mode):
-    """``cluster=2``: K/V TMA-multicast to both CTAs of a tile pair, on odd lengths (phantom tiles) and GQA
-    with every mask (a pair's tiles differ in KV steps with the causal ones); fp16 too."""
-    _gpu_vs_reference(cfg, "bfloat16", hd, mode)
-    if mode == "bottom_right":
-        _gpu_vs_reference(cfg, "float16", hd, mode)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("hd,cfg", [pytest.param(hd, c, id=f"hd{hd}-{sched(c)}") for hd, c in CLUSTER[1:4]])
-def test_gpu_cluster_varlen_padding_rows_and_grad(hd, cfg):
-    _gpu_varlen_and_grad(cfg, hd)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("mask", STATIC_MASKS)
 @pytest.mark.parametrize("hd,cfg", _tuned_configs())
 def test_gpu_static_masks_match_their_kend_arrays(hd, cfg, mask):
@@ -1064,13 +1009,12 @@ def test_probe_labels_round_trip(monkeypatch):
     monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
     from tune_fa3 import label, parse_label
     for text in ("128/2/G", "64/2/P+O/o0", "128/1/P/s1/a1", "128/1/B/a1", "128/2/P/c3", "64/2/B+O/s1", "128/2/P/f1",
-                 "128/2/P/m0", "64/2/P+O/s1/m0", "64/2/P+O/s1/k2", "192/2/G/k2"):
+                 "128/2/P/m0", "64/2/P+O/s1/m0"):
         cfg = parse_label(text, 132)
         assert label(cfg) == text and parse_label(label(cfg), 132) == cfg, text
     assert parse_label("128/1/G/a1", 132).alternate_gemms and not parse_label("128/1/G", 132).alternate_gemms
     assert parse_label("128/2/P/f1", 132).prefetch and not parse_label("128/2/P", 132).prefetch
     assert not parse_label("64/2/P/m0", 132).kernel_mask and parse_label("64/2/P/n128", 132).num_ctas == 128
-    assert parse_label("128/2/G/k2", 132).cluster == 2 and parse_label("128/2/G", 132).cluster == 1
     with pytest.raises(ValueError, match="not a config label"):
         parse_label("128/1/G/x1", 132)
 
