@@ -269,12 +269,14 @@ class TuningConfig:
 # "+prefetch": the next item's k_end loads one item ahead, the persistent picks without overlap at hd 64 / 128 up to
 # the lengths probed (16k non-causal at hd 64 not), H200 probes (NOTES "v14"); with overlap it measured slower.
 # "+kend": a static mask runs as k_end arrays (``kernel_mask=False``), hd 64 non-causal, an H200 table and probe (NOTES "v17").
+# The balanced form with v18's snake at hd 128 causal up to 8k and hd 64 causal past 8k, an H200 probe (NOTES "v19").
 TUNED = {
     (64, False): ((4096, 256, "persistent+prefetch+kend"), (8192, 128, "persistent+c3+prefetch+kend"),
                   (None, 256, "persistent+kend")),
-    (64, True): ((1024, 128, "persistent+prefetch"), (8192, 256, "persistent+prefetch"), (None, 256, "grid")),
+    (64, True): ((1024, 128, "persistent+prefetch"), (8192, 256, "persistent+prefetch"),
+                 (None, 256, "balanced+prefetch")),
     (128, False): ((4096, 128, "persistent+overlap"), (None, 192, "grid")),
-    (128, True): ((4096, 128, "persistent+prefetch"), (None, 192, "grid")),
+    (128, True): ((4096, 128, "persistent+prefetch"), (8192, 128, "balanced"), (None, 192, "grid")),
     (256, False): ((2048, 64, "persistent+overlap+spare"), (8192, 128, "grid+1stage+turns"),
                    (None, 128, "balanced+1stage+turns")),
     (256, True): ((512, 64, "persistent+spare"), (1024, 64, "persistent+overlap+spare"), (2048, 64, "persistent+overlap"),
