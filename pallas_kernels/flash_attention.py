@@ -269,7 +269,7 @@ class TuningConfig:
 # "+prefetch": the next item's k_end loads one item ahead, the persistent picks without overlap at hd 64 / 128 up to
 # the lengths probed (16k non-causal at hd 64 not), H200 probes (NOTES "v14"); with overlap it measured slower.
 # "+kend": a static mask runs as k_end arrays (``kernel_mask=False``), hd 64 non-causal, an H200 table and probe (NOTES "v17").
-# The balanced form with v18's snake at hd 128 causal up to 8k and hd 64 causal past 8k, an H200 probe (NOTES "v19").
+# "balanced" with v18's snake at hd 128 causal 4k < S <= 8k and hd 64 causal past 8k: an H200 probe (NOTES "v19").
 TUNED = {
     (64, False): ((4096, 256, "persistent+prefetch+kend"), (8192, 128, "persistent+c3+prefetch+kend"),
                   (None, 256, "persistent+kend")),

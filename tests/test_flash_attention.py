@@ -1009,7 +1009,8 @@ def test_probe_labels_round_trip(monkeypatch):
     """The probes' config labels (benchmarks/tune_fa3.py) name every field they set, ``/a1`` included."""
     import pathlib
     monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
-    from tune_fa3 import label, parse_label
+    from tune_fa3 import label, label_fields, parse_label
+    assert label_fields(["f1", "n128"]) == {"prefetch": True, "num_ctas": 128}  # fa3_configs_probe's default/f1/n128
     for text in ("128/2/G", "64/2/P+O/o0", "128/1/P/s1/a1", "128/1/B/a1", "128/2/P/c3", "64/2/B+O/s1", "128/2/P/f1",
                  "128/2/P/m0", "64/2/P+O/s1/m0"):
         cfg = parse_label(text, 132)
