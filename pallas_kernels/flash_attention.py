@@ -141,7 +141,6 @@ class TuningConfig:
     alternate_gemms: bool = False  # 2 consumers, no overlap: wgmma order QK QK PV PV (``_attend``)
     prefetch: bool = False   # persistent only: the next item's k_end loads one item ahead (class doc)
     kernel_mask: bool = True  # static masks (``causal=``) in the kernel; False: as k_end arrays (class doc)
-    exp_poly: int = 0        # last key columns of a block whose exp2 is ``exp2_poly``, not MUFU (class doc)
 
     def __post_init__(self):
         if self.block_q != 64:
@@ -181,11 +180,6 @@ class TuningConfig:
         if not isinstance(self.kernel_mask, bool):
             raise ValueError(f"kernel_mask must be True or False (static masks computed in the kernel, or "
                              f"passed to it as k_end arrays), got {self.kernel_mask!r}")
-        if (isinstance(self.exp_poly, bool) or not isinstance(self.exp_poly, int) or self.exp_poly % 8
-                or not 0 <= self.exp_poly < self.block_kv):
-            raise ValueError(f"exp_poly must be a multiple of 8 from 0 to block_kv - 8 (key columns per block, "
-                             f"in whole 8-column register tiles, whose exp2 runs on the FMA pipe), got "
-                             f"exp_poly={self.exp_poly!r} with block_kv={self.block_kv}")
         if isinstance(self.num_ctas, bool) or not isinstance(self.num_ctas, int) or self.num_ctas < 1:
             raise ValueError(f"num_ctas must be a positive int (CTAs of the persistent grid, at most "
                              f"one per SM is useful), got {self.num_ctas!r}")
@@ -397,41 +391,15 @@ def _init_carry(bq: int, d: int):
     return acc, m_i, l_i
 
 
-# 2^f on [-1/2, 1/2]: the degree-3 minimax polynomial of least relative error (7.5e-5; float32
-# coefficients, highest power first). P is rounded to 16 bits (relative 2^-9 in bf16) before PV.
-_EXP2_POLY = (0.0551716685295105, 0.2426111251115799, 0.6932609677314758, 0.9999280571937561)
-_ROUND = 12582912.0  # 1.5 * 2**23: x + _ROUND rounds x to an integer held in the low mantissa bits
-
-
-def exp2_poly(x):
-    """2^x in float32 on the FMA and integer pipes instead of MUFU (FA4's exp emulation): x = j + f
-    with j = round(x) by the ``_ROUND`` trick, 2^f by ``_EXP2_POLY``, j added to the exponent bits.
-    x is clamped below at -125 (2^-125, a normal float: 0 to within 3e-38); above it must stay
-    under 127.5, as every exponent of a softmax row's max-subtracted scores does (<= 0)."""
-    x = jnp.maximum(x, -125.0)
-    t = lax.optimization_barrier(x + _ROUND)  # else XLA folds (x + R) - R to x (the interpreter, CPU)
-    f = x - (t - _ROUND)
-    p = _EXP2_POLY[0]
-    for c in _EXP2_POLY[1:]:
-        p = p * f + c
-    j = lax.shift_left(lax.bitcast_convert_type(t, jnp.int32), 23)  # the integer's bits, moved to the exponent
-    return lax.bitcast_convert_type(lax.bitcast_convert_type(p, jnp.int32) + j, jnp.float32)
-
-
-def _scores_to_p(s, m_i, kend_row, ki, masked: bool, scale_log2: float, poly_cols: int = 0):
+def _scores_to_p(s, m_i, kend_row, ki, masked: bool, scale_log2: float):
     """Online softmax of one block's scores: ``(m_new, alpha, p)``, m in the scaled log2 domain, so
-    p = exp2(s * c - m) is one FMA per element; ``masked``: keys at or past ``k_end`` get -1e30.
-    ``poly_cols``: the block's last columns take ``exp2_poly`` (``TuningConfig.exp_poly``)."""
+    p = exp2(s * c - m) is one FMA per element; ``masked``: keys at or past ``k_end`` get -1e30."""
     if masked:
         col = plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=_WGMMA) + ki * s.shape[1]
         s = jnp.where(col < lax.broadcast_in_dim(kend_row, s.shape, [0]), s, _MASKED)
     m_new = jnp.maximum(m_i, s.max(axis=1) * scale_log2)
     alpha = jnp.exp2(m_i - m_new)
-    x = s * scale_log2 - lax.broadcast_in_dim(m_new, s.shape, [0])
-    if not poly_cols:
-        return m_new, alpha, jnp.exp2(x)
-    n = s.shape[1] - poly_cols   # registers are sliced and joined, no data moves
-    return m_new, alpha, jnp.concatenate([jnp.exp2(x[:, :n]), exp2_poly(x[:, n:])], axis=1)
+    return m_new, alpha, jnp.exp2(s * scale_log2 - lax.broadcast_in_dim(m_new, s.shape, [0]))
 
 
 def _issue_pv(o_ref, acc, p_lo, v_smem, p_smem):
@@ -491,7 +459,7 @@ def _overlap_steps(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, sched
         scores_read(0, slot_of(0))
         # Step 0 is masked, except for n_open > 0, where (as unmasked) every row sees block 0.
         kend0 = jnp.maximum(kend_row, jnp.where(n_open > 0, bkv, 0))
-        m_new, alpha, p = _scores_to_p(s, m_i, kend0, 0, True, scale_log2, cfg.exp_poly)  # acc is still 0
+        m_new, alpha, p = _scores_to_p(s, m_i, kend0, 0, True, scale_log2)  # acc is still 0
         return end_step(0, acc, m_new, l_i * alpha + p.sum(axis=1), p.astype(lo), alpha)
 
     def step(ki, carry, masked: bool):
@@ -504,7 +472,7 @@ def _overlap_steps(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, sched
             sync()
             s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # QK^T done; PV may still run
             scores_read(ki, slot)
-            m_new, alpha, p = _scores_to_p(s, m_i, kend_row, ki, masked, scale_log2, cfg.exp_poly)
+            m_new, alpha, p = _scores_to_p(s, m_i, kend_row, ki, masked, scale_log2)
             return o_ref[...], m_new, alpha, l_i * alpha + p.sum(axis=1), p  # o_ref[...]: waits for PV
         o, m_new, alpha, l_new, p = pl.run_scoped(
             gemms, plgpu.ACC((bq, bkv), jnp.float32), plgpu.ACC(acc.shape, jnp.float32))
@@ -589,7 +557,7 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
         plgpu.barrier_arrive(k_free.at[slot])
         if on_last_qk is not None:
             pl.when(ki == n_steps - 1)(on_last_qk)
-        m_new, alpha, p = _scores_to_p(s, m_i, kend_row, ki, masked, scale_log2, cfg.exp_poly)
+        m_new, alpha, p = _scores_to_p(s, m_i, kend_row, ki, masked, scale_log2)
         l_i = l_i * alpha + p.sum(axis=1)
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
         p_lo = p.astype(k_smem.dtype)

@@ -203,7 +203,7 @@ def test_shared_memory_overflow_is_a_clear_error():
 
 def sched(cfg: TuningConfig) -> str:
     name = "balanced" if cfg.balanced else "persistent" if cfg.persistent else "grid"
-    return name + ("+overlap" if cfg.overlap else "") + ("+c3" if cfg.consumers == 3 else "") + ("+spare" if cfg.spare_q else "") + ("+1stage" if cfg.num_stages == 1 else "") + ("+turns" if cfg.alternate_gemms else "") + ("+prefetch" if cfg.prefetch else "") + ("+kend" if not cfg.kernel_mask else "") + (f"+e{cfg.exp_poly}" if cfg.exp_poly else "")
+    return name + ("+overlap" if cfg.overlap else "") + ("+c3" if cfg.consumers == 3 else "") + ("+spare" if cfg.spare_q else "") + ("+1stage" if cfg.num_stages == 1 else "") + ("+turns" if cfg.alternate_gemms else "") + ("+prefetch" if cfg.prefetch else "") + ("+kend" if not cfg.kernel_mask else "")
 
 
 def test_default_config_follows_the_tuned_table():
@@ -251,9 +251,7 @@ def test_config_and_input_validation():
                 dict(consumers=3, persistent=True, o_tiles=2), dict(spare_q=True), dict(spare_q=1),
                 dict(spare_q=True, persistent=True, o_tiles=2), dict(alternate_gemms=1),
                 dict(alternate_gemms=True, overlap=True), dict(alternate_gemms=True, consumers=3),
-                dict(prefetch=True), dict(prefetch=1, persistent=True), dict(kernel_mask=1),
-                dict(exp_poly=12), dict(exp_poly=-8), dict(exp_poly=128), dict(block_kv=64, exp_poly=64),
-                dict(exp_poly=True), dict(exp_poly=16.0)):
+                dict(prefetch=True), dict(prefetch=1, persistent=True), dict(kernel_mask=1)):
         with pytest.raises(ValueError):
             TuningConfig(**bad)
     q = jnp.zeros((1, 8, 2, 80), jnp.bfloat16)
@@ -519,10 +517,9 @@ def test_interpreter_persistent_matches_reference(mode, shape, num_ctas, balance
 
 @pytest.mark.parametrize("config", [INTERP, PERSIST(3), Q_AS_O(3), OVERLAP,
                                     dataclasses.replace(OVERLAP, persistent=True, num_ctas=3),
-                                    dataclasses.replace(PERSIST(2), spare_q=True),
-                                    dataclasses.replace(INTERP, exp_poly=32)],
+                                    dataclasses.replace(PERSIST(2), spare_q=True)],
                          ids=["grid", "persistent", "persistent-o-in-q", "overlap-grid", "overlap-persistent",
-                              "spare-q", "exp-poly"])
+                              "spare-q"])
 def test_interpreter_rows_that_see_no_key(config):
     """Padding rows, a warpgroup whose rows all see nothing in a tile that has KV steps (its scores
     are all masked: 0 needs the epilogue's select at hd 64), and whole items with no KV step."""
@@ -532,32 +529,6 @@ def test_interpreter_rows_that_see_no_key(config):
     with plgpu.force_gpu_interpret_mode():
         o, lse = flash_attention_fwd(q, k, v, kend, config=config)
     _check_close(q, k, v, kend, o, lse, tol=1e-2)
-
-
-def test_exp2_poly_is_exp2_to_its_minimax_bound():
-    """``exp2_poly`` (``TuningConfig.exp_poly``'s exp2 on the FMA pipe) under jit: within the
-    polynomial's 7.5e-5 relative error on the exponents a softmax produces, down to the clamp at
-    -125; below it (masked keys: -1e30 * c) a positive value no larger than 2^-125."""
-    from pallas_kernels.flash_attention import exp2_poly
-    x = np.linspace(-125, 0.5, 1_000_001, dtype=np.float32)
-    got = np.asarray(jax.jit(exp2_poly)(x), np.float64)
-    rel = np.abs(got / np.exp2(x.astype(np.float64)) - 1)
-    assert rel.max() < 7.6e-5, f"max relative error {rel.max():.3g} at x = {x[rel.argmax()]}"
-    low = np.asarray(jax.jit(exp2_poly)(np.float32([-125.5, -126, -1e4, -1.8e29])), np.float64)
-    assert (low > 0).all() and (low <= 2.0 ** -125 * (1 + 7.6e-5)).all(), low
-
-
-EXP_POLY = [(dataclasses.replace(INTERP, exp_poly=16), "top_left", (1, 200, 2, 200, 1, 64)),
-            (dataclasses.replace(OVERLAP, persistent=True, num_ctas=2, exp_poly=56), "bottom_right",
-             (2, 70, 4, 300, 2, 64)),
-            (dataclasses.replace(PERSIST(2), consumers=3, exp_poly=8), "positions", (2, 9, 3, 130, 1, 64))]
-
-
-@pytest.mark.parametrize("cfg,mode,shape", EXP_POLY, ids=["grid-e16", "overlap-persistent-e56", "3-consumers-e8"])
-def test_interpreter_exp_poly_matches_reference(cfg, mode, shape):
-    """A block's last ``exp_poly`` columns through ``exp2_poly`` (masked keys among them), the rest
-    through exp2, in the three softmax loops (ping-pong, overlap, three consumers)."""
-    _interpret_vs_reference(cfg, mode, shape)
 
 
 @pytest.mark.parametrize("config,shape,mode", [
@@ -1041,13 +1012,12 @@ def test_probe_labels_round_trip(monkeypatch):
     from tune_fa3 import label, label_fields, parse_label
     assert label_fields(["f1", "n128"]) == {"prefetch": True, "num_ctas": 128}  # fa3_configs_probe's default/f1/n128
     for text in ("128/2/G", "64/2/P+O/o0", "128/1/P/s1/a1", "128/1/B/a1", "128/2/P/c3", "64/2/B+O/s1", "128/2/P/f1",
-                 "128/2/P/m0", "64/2/P+O/s1/m0", "256/2/P/f1/m0/e48"):
+                 "128/2/P/m0", "64/2/P+O/s1/m0"):
         cfg = parse_label(text, 132)
         assert label(cfg) == text and parse_label(label(cfg), 132) == cfg, text
     assert parse_label("128/1/G/a1", 132).alternate_gemms and not parse_label("128/1/G", 132).alternate_gemms
     assert parse_label("128/2/P/f1", 132).prefetch and not parse_label("128/2/P", 132).prefetch
     assert not parse_label("64/2/P/m0", 132).kernel_mask and parse_label("64/2/P/n128", 132).num_ctas == 128
-    assert parse_label("128/2/P/e32", 132).exp_poly == 32 and label_fields(["e16"]) == {"exp_poly": 16}
     with pytest.raises(ValueError, match="not a config label"):
         parse_label("128/1/G/x1", 132)
 
