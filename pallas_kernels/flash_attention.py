@@ -126,11 +126,7 @@ class TuningConfig:
     to the next (a few registers more across the KV loop), and with O tiles the producer loads an
     item's first K/V block before its Q tiles; for short items (pallas_kernels/NOTES.md, v14).
     ``kernel_mask=False``: a static mask (``flash_attention_fwd(..., causal=...)``) runs as its ``k_end``
-    arrays (``key_end``, ``tile_key_bounds``), the form that measured faster at hd 64 non-causal (NOTES v17).
-    ``rowsum_mma`` (``overlap=False``): the softmax's row sums l come from the tensor cores, a wgmma of the
-    16-bit P against a [block_kv, 8] SMEM tile whose column 0 is ones (issued with PV, accumulated like
-    O), instead of one FADD per score on the FMA pipe, which the hd 64 softmax is bound by (NOTES v20);
-    l then sums the rounded P that weights V."""
+    arrays (``key_end``, ``tile_key_bounds``), the form that measured faster at hd 64 non-causal (NOTES v17)."""
     block_q: int = 64        # query rows per consumer warpgroup (a CTA owns consumers * block_q)
     block_kv: int = 128      # keys per pipeline step
     num_stages: int = 2      # K/V SMEM ring depth
@@ -145,7 +141,6 @@ class TuningConfig:
     alternate_gemms: bool = False  # 2 consumers, no overlap: wgmma order QK QK PV PV (``_attend``)
     prefetch: bool = False   # persistent only: the next item's k_end loads one item ahead (class doc)
     kernel_mask: bool = True  # static masks (``causal=``) in the kernel; False: as k_end arrays (class doc)
-    rowsum_mma: bool = False  # no overlap: P's row sums by a wgmma (N = 8) against a one-hot tile (class doc)
 
     def __post_init__(self):
         if self.block_q != 64:
@@ -185,10 +180,6 @@ class TuningConfig:
         if not isinstance(self.kernel_mask, bool):
             raise ValueError(f"kernel_mask must be True or False (static masks computed in the kernel, or "
                              f"passed to it as k_end arrays), got {self.kernel_mask!r}")
-        if not isinstance(self.rowsum_mma, bool) or (self.rowsum_mma and (self.overlap or self.block_kv % 64)):
-            raise ValueError(f"rowsum_mma must be True or False and needs overlap=False and block_kv a multiple "
-                             f"of 64 (its one-hot tile's 128-byte swizzle), got rowsum_mma={self.rowsum_mma!r}, "
-                             f"overlap={self.overlap!r}, block_kv={self.block_kv}")
         if isinstance(self.num_ctas, bool) or not isinstance(self.num_ctas, int) or self.num_ctas < 1:
             raise ValueError(f"num_ctas must be a positive int (CTAs of the persistent grid, at most "
                              f"one per SM is useful), got {self.num_ctas!r}")
@@ -246,7 +237,7 @@ class TuningConfig:
         c = self.consumers
         buffers = [self.q_tiles * tile, ring, ring, c * self.block_q * 4,
                    c * self.block_q * self.block_kv * itemsize if self.interpretable else 0,
-                   o_tiles * tile, c * self.block_q * self.block_kv * itemsize if self.rowsum_mma else 0]
+                   o_tiles * tile]
         return sum(map(align, buffers)) + 8 * self._barriers()
 
     def o_tile_count(self, head_dim: int, itemsize: int = 2) -> int:
@@ -510,23 +501,15 @@ def _overlap_steps(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, sched
     return last(acc, p_lo, owed), m_i, l_i
 
 
-def _one_hot_tile(tile):
-    """Writes ``rowsum_mma``'s B operand: ``tile`` [block_q, block_kv] with row 0 ones, the rest 0; its
-    first 8 rows, transposed, are a [block_kv, 8] matrix whose column 0 sums P's rows."""
-    row = plgpu.broadcasted_iota(jnp.int32, tile.shape, 0, layout=_WGMMA)
-    tile[...] = jnp.where(row == 0, 1.0, 0.0).astype(tile.dtype)
-    plgpu.commit_smem()
-
-
 def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *, wg,
-            cfg: TuningConfig, scale_log2: float, step0=None, on_last_qk=None, zero=None, ones=None):
+            cfg: TuningConfig, scale_log2: float, step0=None, on_last_qk=None, zero=None):
     """One consumer warpgroup's KV loop over its ``block_q`` query rows: ``n_open`` unmasked steps,
     then masked ones up to ``n_steps``, ping-ponged with the other consumer through ``schedule``
     (per tile each warpgroup arrives and waits ``2 * n_steps + 1`` times, ``4 * n_steps + 1`` with
     ``alternate_gemms``, so the pairing stays balanced from one tile to the next). Tile step ``ki``
     uses ring slot ``(step0 + ki) % num_stages`` (``step0`` None: 0). ``on_last_qk`` runs once the
     last QK^T has read ``q_smem``. ``p_smem`` is None unless ``cfg.interpretable``. ``zero``:
-    ``_KeyEnds.zero``, for ``num_stages=1``. ``ones``: the consumer's ``_one_hot_tile`` (``rowsum_mma``)."""
+    ``_KeyEnds.zero``, for ``num_stages=1``."""
     bq, bkv, stages = cfg.block_q, cfg.block_kv, cfg.num_stages
     k_smem, v_smem, k_ready, v_ready, k_free, v_free = ring
     step0 = 0 if step0 is None else step0
@@ -561,11 +544,6 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
     # and before our next QK^T (once the other's PV is issued): wgmmas go QK^T_0 QK^T_1 PV_0 PV_1.
     turns = cfg.alternate_gemms
     pv_issued = functools.partial(_arrive, schedule) if turns else lambda: None
-    if cfg.rowsum_mma:  # l as a [bq, 8] accumulator whose column 0 holds it (the rest stays 0)
-        col = plgpu.broadcasted_iota(jnp.int32, (bq, 8), 1, layout=_WGMMA)
-        acc, m_i, l_i = carry
-        carry = acc, m_i, jnp.where(col == 0, lax.broadcast_in_dim(l_i, (bq, 8), [0]), 0.0)
-        ones_T = ones.at[pl.ds(0, 8)].T
 
     def step(ki, carry, masked: bool):
         acc, m_i, l_i = carry
@@ -580,10 +558,7 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
         if on_last_qk is not None:
             pl.when(ki == n_steps - 1)(on_last_qk)
         m_new, alpha, p = _scores_to_p(s, m_i, kend_row, ki, masked, scale_log2)
-        if cfg.rowsum_mma:
-            l_i = l_i * lax.broadcast_in_dim(alpha, l_i.shape, [0])  # P's row sums: the PV issue below
-        else:
-            l_i = l_i * alpha + p.sum(axis=1)
+        l_i = l_i * alpha + p.sum(axis=1)
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
         p_lo = p.astype(k_smem.dtype)
         acc, l_i, m_new, p_lo = lax.optimization_barrier((acc, l_i, m_new, p_lo))
@@ -600,25 +575,18 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
             p_smem[...] = p_lo
             plgpu.commit_smem()
 
-            def pv(acc_ref, l_ref=None):
+            def pv(acc_ref):
                 plgpu.wgmma(acc_ref, p_smem, v_smem.at[slot])
-                if l_ref is not None:
-                    plgpu.wgmma(l_ref, p_smem, ones_T)
                 pv_issued()
                 wait_next_k()
-                return acc_ref[...], None if l_ref is None else l_ref[...]
-            shapes = (acc.shape,) + ((l_i.shape,) if cfg.rowsum_mma else ())
-            o, l_new = pl.run_scoped(pv, *(plgpu.ACC(sh, jnp.float32) for sh in shapes))
-            acc, l_i = acc + o, l_i if l_new is None else l_i + l_new
+                return acc_ref[...]
+            acc = acc + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
         else:
-            def pv(refs):
-                plgpu.wgmma(refs[0], p_lo, v_smem.at[slot])
-                if cfg.rowsum_mma:
-                    plgpu.wgmma(refs[1], p_lo, ones_T)
+            def pv(acc_ref):
+                plgpu.wgmma(acc_ref, p_lo, v_smem.at[slot])
                 pv_issued()
                 wait_next_k()
-            accs = pl.run_state(pv)((plgpu.ACC.init(acc),) + ((plgpu.ACC.init(l_i),) if cfg.rowsum_mma else ()))
-            acc, l_i = accs if cfg.rowsum_mma else (accs[0], l_i)
+            acc = pl.run_state(pv)(plgpu.ACC.init(acc))
         plgpu.barrier_arrive(v_free.at[slot])
         if turns:
             _wait(schedule)   # the other consumer is past its softmax ...
@@ -629,8 +597,6 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
     acc, m_i, l_i = lax.fori_loop(n_open, n_steps, functools.partial(step, masked=True), carry)
     if schedule is not None:
         pl.when(wg == 0)(sync)
-    if cfg.rowsum_mma:
-        l_i = l_i.sum(axis=1)  # column 0 plus zeros: exact
     return acc, m_i, l_i
 
 
@@ -710,7 +676,7 @@ class _KeyEnds:
 def _kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, o_ref, lse_ref, scoped, *,
             cfg: TuningConfig, n_rep: int, scale_log2: float, n_kv_blocks: int, n_tiles: int):
     bq, bkv, stages = cfg.block_q, cfg.block_kv, cfg.num_stages
-    (q_smem2, k_smem, v_smem, lse_smem2, p_smem2, ones2), (k_ready, v_ready, q_ready), \
+    (q_smem2, k_smem, v_smem, lse_smem2, p_smem2), (k_ready, v_ready, q_ready), \
         (k_free, v_free), schedule = scoped
     ring = (k_smem, v_smem, k_ready, v_ready, k_free, v_free)
     hi, bi, wg = (lax.axis_index(n) for n in ("heads", "batch", "wg"))
@@ -725,16 +691,13 @@ def _kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, o_ref, lse_ref, scoped, *,
         q_smem, lse_smem = q_smem2.at[wg], lse_smem2.at[wg]
         q_base = (n_wg * qi + wg) * bq
         plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(q_base, bq), hi], q_smem, q_ready.at[wg])
-        ones = None if ones2 is None else ones2.at[wg]
-        if ones is not None:
-            _one_hot_tile(ones)
         kend_row = keys.row(bi, q_base, bq)
         zero = keys.zero(bi, q_base) if stages == 1 else None  # loaded while Q arrives
         carry = _init_carry(bq, q_smem.shape[-1])
         plgpu.barrier_wait(q_ready.at[wg])
         acc, m_i, l_i = _attend(q_smem, None if p_smem2 is None else p_smem2.at[wg], kend_row, carry,
                                 n_open, n_steps, ring, schedule, wg=wg, cfg=cfg, scale_log2=scale_log2,
-                                zero=zero, ones=ones)
+                                zero=zero)
         _store_tile(acc, m_i, l_i, kend_row, q_smem, lse_smem, o_ref.at[bi, pl.ds(q_base, bq), hi],
                     lse_ref.at[bi, hi, pl.ds(q_base, bq)])
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -757,7 +720,7 @@ def _persistent_kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, *refs, cfg: TuningCo
     ``o_tiles``: O staging tiles (``TuningConfig.o_tile_count``)."""
     bq, bkv, stages = cfg.block_q, cfg.block_kv, cfg.num_stages
     order_ref, (o_ref, lse_ref, scoped) = (refs[0], refs[1:]) if cfg.balanced else (None, refs)
-    (q_smem2, k_smem, v_smem, lse_smem2, p_smem2, o_smem2, ones2), (k_ready, v_ready, q_ready), \
+    (q_smem2, k_smem, v_smem, lse_smem2, p_smem2, o_smem2), (k_ready, v_ready, q_ready), \
         (k_free, v_free), q_free, schedule = scoped
     ring = (k_smem, v_smem, k_ready, v_ready, k_free, v_free)
     cta, wg = lax.axis_index("cta"), lax.axis_index("wg")
@@ -797,9 +760,6 @@ def _persistent_kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, *refs, cfg: TuningCo
         plgpu.set_max_registers(regs, action="increase")
         lse_smem = lse_smem2.at[wg]
         p_smem = None if p_smem2 is None else p_smem2.at[wg]
-        ones = None if ones2 is None else ones2.at[wg]
-        if ones is not None:
-            _one_hot_tile(ones)
 
         def fetch(j):
             """Item j's ids and this consumer's loads from GMEM: the tile's k_end min / max and
@@ -826,7 +786,7 @@ def _persistent_kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, *refs, cfg: TuningCo
             plgpu.barrier_wait(q_ready.at[ready])
             acc, m_i, l_i = _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule,
                                     wg=wg, cfg=cfg, scale_log2=scale_log2, step0=step0,
-                                    on_last_qk=release_q if o_tiles else None, zero=zero, ones=ones)
+                                    on_last_qk=release_q if o_tiles else None, zero=zero)
             if o_tiles:
                 pl.when(n_steps == 0)(release_q)   # no QK^T ran: q_smem was not read
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last item's stores left o/lse_smem
@@ -979,8 +939,6 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
         if cfg.persistent:  # + the O tiles; q_free: a consumer warpgroup's Q SMEM may be refilled
             scratch += (_smem_tiled((n_wg, cfg.block_q, d), dtype) if o_tiles else None,)
             q_free = (plgpu.Barrier(num_barriers=cfg.q_tiles),)
-        # rowsum_mma's one-hot tiles, one per consumer (each writes its own)
-        scratch += (_smem_tiled((n_wg, cfg.block_q, cfg.block_kv), dtype) if cfg.rowsum_mma else None,)
         # The ping-pong's rendezvous pairs two consumers; three run without one (``schedule`` None).
         schedule = (plgpu.Barrier(num_arrivals=2),) if n_wg == 2 else ()
         pl.run_scoped(lambda *s: body(*refs, s if schedule else (*s, None)), scratch, barriers, free,
