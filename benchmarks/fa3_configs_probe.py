@@ -9,7 +9,8 @@ largest difference from cuDNN's.
 ROWS: ``hd:S:c|n`` (causal or not) separated by commas, e.g. ``128:8192:n,256:4096:c``; CONFIGS:
 ``tune_fa3.label`` strings separated by commas, e.g. ``128/2/G+O,192/2/G,64/2/P+O/o0``; ``default``
 is each row's ``default_config``, ``default/f1`` (any label suffixes) that config with those fields.
-Configs that do not fit a row's head dim are skipped.
+Configs that do not fit a row's head dim are skipped. ``--dtype float8_e4m3fn``: the kernel on the
+row's inputs cast to e4m3 (``default``: ``fp8_config``), cuDNN on the same values in bfloat16.
 """
 import argparse
 import dataclasses
@@ -38,13 +39,14 @@ def _modules(new_only: bool):
     return mods
 
 
-def row_inputs(row: str, key_end):
-    """``hd:S:c|n`` -> ``(hd, S, causal, (q, k, v), k_end, flops)``: bf16 inputs of the FA3 table's shape
-    (B*S = 16k, H*hd = 2048) and the row's FLOPs (halved when causal)."""
+def row_inputs(row: str, key_end, dtype=jnp.bfloat16):
+    """``hd:S:c|n`` -> ``(hd, S, causal, (q, k, v), k_end, flops)``: inputs of the FA3 table's shape
+    (B*S = 16k, H*hd = 2048; bf16 normals cast to ``dtype``) and the row's FLOPs (halved when causal)."""
     hd, S, c = row.split(":")
     hd, S, causal = int(hd), int(S), c == "c"
     B, H = 16384 // S, 2048 // hd
-    qkv = tuple(jax.random.normal(x, (B, S, H, hd), jnp.bfloat16) for x in jax.random.split(jax.random.key(0), 3))
+    qkv = tuple(jax.random.normal(x, (B, S, H, hd), jnp.bfloat16).astype(dtype)
+                for x in jax.random.split(jax.random.key(0), 3))
     kend = key_end(B, S, S, causal="top_left" if causal else "none")
     return hd, S, causal, qkv, kend, 4 * B * S * S * H * hd / (2 if causal else 1)
 
@@ -72,7 +74,10 @@ def main(argv=None):
     ap.add_argument("--regs", default=None,
                     help="setmaxnreg of (consumer, producer) warpgroups with 2 consumers, e.g. 240,24 "
                          "(this tree's kernel; default: its _REGISTERS)")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float8_e4m3fn"),
+                    help="the kernel's input dtype (cuDNN runs bfloat16 either way)")
     a = ap.parse_args(argv)
+    fp8 = a.dtype == "float8_e4m3fn"
     set_registers(new, a.regs)
     if a.any_overlap_block:
         new.max_overlap_block_kv = lambda head_dim, consumers=2: 256
@@ -81,17 +86,18 @@ def main(argv=None):
     print(dev.device_kind, jax.__version__, "command:", " ".join(["python3", *sys.argv]), flush=True)
     mods = _modules(a.new_only)[::-1] if a.head_first else _modules(a.new_only)
     for row in a.rows.split(","):
-        hd, S, causal, (q, k, v), kend, flops = row_inputs(row, new.key_end)
+        hd, S, causal, (q, k, v), kend, flops = row_inputs(row, new.key_end, jnp.dtype(a.dtype))
         runs = {"cudnn": jax.jit(lambda q, k, v: jax.nn.dot_product_attention(
-            q, k, v, is_causal=causal, implementation="cudnn"))}
+            *(x.astype(jnp.bfloat16) for x in (q, k, v)), is_causal=causal, implementation="cudnn"))}
         for mname, m in mods:
             for lab in a.configs.split(","):
                 try:
                     if lab.split("/")[0] == "default":
-                        cfg = dataclasses.replace(m.default_config(hd, S, causal), **label_fields(lab.split("/")[1:], lab))
+                        base = m.fp8_config(hd) if fp8 else m.default_config(hd, S, causal)
+                        cfg = dataclasses.replace(base, **label_fields(lab.split("/")[1:], lab))
                     else:
                         cfg = parse_label(lab, sms, m.TuningConfig)
-                    cfg.check_head_dim(hd)
+                    cfg.check_head_dim(hd, 1 if fp8 else 2)
                 except (ValueError, TypeError) as e:
                     print(f"  skip {mname} {lab} at hd{hd}: {str(e)[:120]}")
                     continue

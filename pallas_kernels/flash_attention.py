@@ -13,6 +13,10 @@ One CTA owns ``2 * block_q`` query rows of one (batch, head). Three warpgroups:
   NOTES v13).
   ``TuningConfig(consumers=3)``: FA3's hd 64 form, three consumers of 160 registers (wg 3 produces,
   with 32) over ``3 * block_q`` rows, without the ping-pong rendezvous (pallas_kernels/NOTES.md, v10).
+  float8_e4m3fn inputs (forward only, ``fp8_config``): 8-bit wgmma reads both operands K-major, so
+  V arrives transposed (V^T [B, G, d, S], by XLA before the kernel) and P is converted to e4m3 and
+  staged in SMEM for an SMEM x SMEM PV; O is bfloat16, through tiles of its own (NOTES v20: built
+  and checked on the CPU, not yet run on a GPU).
 
 Intra-warpgroup overlap (``TuningConfig(overlap=True)``, FA3's Algorithm 2, both schedules): a
 consumer issues the QK^T of block j and the PV of block j - 1 back to back (async, one wgmma group
@@ -95,6 +99,11 @@ _SMEM_LIMIT = 227 * 1024  # bytes of shared memory one Hopper CTA may use
 # 3 * 160 + 32 registers of 128 threads fill the 64K register file (FA3's split for 3 consumers).
 _REGISTERS = {2: (232, 40), 3: (160, 32)}
 _REGISTER_MARGIN = 40     # of a consumer's registers: m, l, k_end, indices, addresses
+
+
+def _out_itemsize(itemsize: int) -> int:
+    """Bytes per element of O: the inputs', bfloat16 (2) for float8 inputs."""
+    return 2 if itemsize == 1 else itemsize
 
 
 def max_overlap_block_kv(head_dim: int, consumers: int = 2) -> int:
@@ -191,7 +200,13 @@ class TuningConfig:
 
     def check_head_dim(self, head_dim: int, itemsize: int = 2) -> None:
         """Raises ValueError where the buffers would not fit 227 KiB of SMEM or ``overlap`` (any
-        config, with 3 consumers) would not fit the consumers' registers."""
+        config, with 3 consumers) would not fit the consumers' registers; for 8-bit inputs
+        (``itemsize=1``, float8_e4m3fn) also where the config needs what the FP8 form lacks."""
+        if itemsize == 1 and (self.overlap or self.spare_q or self.o_tiles == 0):
+            raise ValueError(
+                f"float8 inputs stage P through SMEM and O (bfloat16) through tiles of its own: they need "
+                f"overlap=False, spare_q=False and o_tiles None or {self.consumers}, got overlap={self.overlap}, "
+                f"spare_q={self.spare_q}, o_tiles={self.o_tiles} (fp8_config(head_dim) is one that fits)")
         if self.overlap and self.block_kv > (top := max_overlap_block_kv(head_dim, self.consumers)):
             raise ValueError(
                 f"overlap=True keeps O, S / P and the previous P in registers: at head dim {head_dim} "
@@ -232,12 +247,13 @@ class TuningConfig:
         (persistent only; default ``self.o_tile_count``)."""
         o_tiles = self.o_tile_count(head_dim, itemsize) if o_tiles is None else o_tiles
         align = lambda n: -(-n // 1024) * 1024
-        tile = self.block_q * head_dim * itemsize           # one consumer's [block_q, d] Q or O tile
+        tile = self.block_q * head_dim * itemsize           # one consumer's [block_q, d] Q tile
+        o_tile = self.block_q * head_dim * _out_itemsize(itemsize)  # ... and O tile
         ring = self.num_stages * self.block_kv * head_dim * itemsize   # K's or V's
         c = self.consumers
         buffers = [self.q_tiles * tile, ring, ring, c * self.block_q * 4,
-                   c * self.block_q * self.block_kv * itemsize if self.interpretable else 0,
-                   o_tiles * tile]
+                   c * self.block_q * self.block_kv * itemsize if self.interpretable or itemsize == 1 else 0,
+                   o_tiles * o_tile]
         return sum(map(align, buffers)) + 8 * self._barriers()
 
     def o_tile_count(self, head_dim: int, itemsize: int = 2) -> int:
@@ -245,7 +261,9 @@ class TuningConfig:
         tile can be refilled for the next item right after its last QK^T. ``o_tiles`` if set, else
         one per consumer where they fit 227 KiB (hd 64, 128), else 0 (O is written through the
         consumer's Q tile, and the next item's Q loads after that store; with ``spare_q`` into
-        another tile, before it). The grid kernel: 0."""
+        another tile, before it). The grid kernel: 0. 8-bit inputs: one per consumer (O is bfloat16)."""
+        if itemsize == 1:
+            return self.consumers
         if not self.persistent or self.spare_q:
             return 0
         if self.o_tiles is not None:
@@ -313,6 +331,18 @@ def overlap_config(head_dim: int, kv_len: int | None = None, causal: bool = Fals
     """``default_config(head_dim, kv_len, causal)`` (same schedule) in its overlap form
     (``with_overlap``)."""
     return with_overlap(default_config(head_dim, kv_len, causal), head_dim)
+
+
+def fp8_config(head_dim: int) -> TuningConfig:
+    """The float8_e4m3fn forward's config, not tuned (no GPU measurement yet: NOTES v20): the
+    persistent grid with 128-key blocks, two K/V stages at hd 64 / 128; at hd 256 one stage with the
+    wgmmas in turns (cuDNN's hd 256 form), since two 128-key stages, P and the bfloat16 O tiles
+    overflow 227 KiB there."""
+    dev = jax.devices()[0]
+    sms = getattr(dev, "core_count", None) if dev.platform == "gpu" else None
+    one = head_dim > 128
+    return TuningConfig(block_kv=128, num_stages=1 if one else 2, alternate_gemms=one, persistent=True,
+                        num_ctas=sms or 132)
 
 
 def with_overlap(cfg: TuningConfig, head_dim: int) -> TuningConfig:
@@ -400,6 +430,24 @@ def _scores_to_p(s, m_i, kend_row, ki, masked: bool, scale_log2: float):
     m_new = jnp.maximum(m_i, s.max(axis=1) * scale_log2)
     alpha = jnp.exp2(m_i - m_new)
     return m_new, alpha, jnp.exp2(s * scale_log2 - lax.broadcast_in_dim(m_new, s.shape, [0]))
+
+
+def _fp8(ref) -> bool:
+    return jnp.dtype(ref.dtype).itemsize == 1
+
+
+def _v_operand(v_smem, slot):
+    """PV's B operand [block_kv, d] in ring slot ``slot``. 8-bit wgmma reads both operands K-major
+    (the contraction dim contiguous), so float8 V is staged as V^T [d, block_kv] and read transposed."""
+    return v_smem.at[slot].T if _fp8(v_smem) else v_smem.at[slot]
+
+
+def _v_block(v_ref, bi, ki, gi, bkv: int):
+    """The GMEM block of V that fills a ring slot: keys ``ki * bkv ...`` of (batch bi, kv head gi);
+    float8 V comes as V^T [B, G, d, S] (``flash_attention_fwd``)."""
+    if _fp8(v_ref):
+        return v_ref.at[bi, gi, :, pl.ds(ki * bkv, bkv)]
+    return v_ref.at[bi, pl.ds(ki * bkv, bkv), gi]
 
 
 def _issue_pv(o_ref, acc, p_lo, v_smem, p_smem):
@@ -508,7 +556,8 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
     (per tile each warpgroup arrives and waits ``2 * n_steps + 1`` times, ``4 * n_steps + 1`` with
     ``alternate_gemms``, so the pairing stays balanced from one tile to the next). Tile step ``ki``
     uses ring slot ``(step0 + ki) % num_stages`` (``step0`` None: 0). ``on_last_qk`` runs once the
-    last QK^T has read ``q_smem``. ``p_smem`` is None unless ``cfg.interpretable``. ``zero``:
+    last QK^T has read ``q_smem``. ``p_smem`` (P's SMEM tile) is None unless ``cfg.interpretable`` or
+    the inputs are float8. ``zero``:
     ``_KeyEnds.zero``, for ``num_stages=1``."""
     bq, bkv, stages = cfg.block_q, cfg.block_kv, cfg.num_stages
     k_smem, v_smem, k_ready, v_ready, k_free, v_free = ring
@@ -560,8 +609,12 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
         m_new, alpha, p = _scores_to_p(s, m_i, kend_row, ki, masked, scale_log2)
         l_i = l_i * alpha + p.sum(axis=1)
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-        p_lo = p.astype(k_smem.dtype)
-        acc, l_i, m_new, p_lo = lax.optimization_barrier((acc, l_i, m_new, p_lo))
+        if _fp8(k_smem):  # Mosaic's barrier takes no 2 x 8-bit registers: P converts after it
+            acc, l_i, m_new, p = lax.optimization_barrier((acc, l_i, m_new, p))
+            p_lo = p.astype(k_smem.dtype)
+        else:
+            p_lo = p.astype(k_smem.dtype)
+            acc, l_i, m_new, p_lo = lax.optimization_barrier((acc, l_i, m_new, p_lo))
         _arrive(schedule)     # softmax done: our PV may go after the other's QK
         plgpu.barrier_wait(v_ready.at[slot])
         _wait(schedule)
@@ -571,19 +624,20 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
             def _():
                 plgpu.barrier_wait(k_ready.at[slot_of(ki + 1)])
 
-        if cfg.interpretable:
+        if p_smem is not None:  # interpretable, or float8 (8-bit A operands are read from SMEM here)
             p_smem[...] = p_lo
             plgpu.commit_smem()
-
+        p_op = p_lo if p_smem is None else p_smem
+        if cfg.interpretable:
             def pv(acc_ref):
-                plgpu.wgmma(acc_ref, p_smem, v_smem.at[slot])
+                plgpu.wgmma(acc_ref, p_smem, _v_operand(v_smem, slot))
                 pv_issued()
                 wait_next_k()
                 return acc_ref[...]
             acc = acc + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
         else:
             def pv(acc_ref):
-                plgpu.wgmma(acc_ref, p_lo, v_smem.at[slot])
+                plgpu.wgmma(acc_ref, p_op, _v_operand(v_smem, slot))
                 pv_issued()
                 wait_next_k()
             acc = pl.run_state(pv)(plgpu.ACC.init(acc))
@@ -676,7 +730,7 @@ class _KeyEnds:
 def _kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, o_ref, lse_ref, scoped, *,
             cfg: TuningConfig, n_rep: int, scale_log2: float, n_kv_blocks: int, n_tiles: int):
     bq, bkv, stages = cfg.block_q, cfg.block_kv, cfg.num_stages
-    (q_smem2, k_smem, v_smem, lse_smem2, p_smem2), (k_ready, v_ready, q_ready), \
+    (q_smem2, k_smem, v_smem, lse_smem2, p_smem2, o_smem2), (k_ready, v_ready, q_ready), \
         (k_free, v_free), schedule = scoped
     ring = (k_smem, v_smem, k_ready, v_ready, k_free, v_free)
     hi, bi, wg = (lax.axis_index(n) for n in ("heads", "batch", "wg"))
@@ -698,7 +752,8 @@ def _kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, o_ref, lse_ref, scoped, *,
         acc, m_i, l_i = _attend(q_smem, None if p_smem2 is None else p_smem2.at[wg], kend_row, carry,
                                 n_open, n_steps, ring, schedule, wg=wg, cfg=cfg, scale_log2=scale_log2,
                                 zero=zero)
-        _store_tile(acc, m_i, l_i, kend_row, q_smem, lse_smem, o_ref.at[bi, pl.ds(q_base, bq), hi],
+        o_smem = q_smem if o_smem2 is None else o_smem2.at[wg]   # float8: O tiles of their own
+        _store_tile(acc, m_i, l_i, kend_row, o_smem, lse_smem, o_ref.at[bi, pl.ds(q_base, bq), hi],
                     lse_ref.at[bi, hi, pl.ds(q_base, bq)])
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -708,7 +763,8 @@ def _kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, o_ref, lse_ref, scoped, *,
         gi = lax.div(hi, n_rep)
         kv = lambda ki: (bi, pl.ds(ki * bkv, bkv), gi)
         load_k = lambda ki, slot: plgpu.copy_gmem_to_smem(k_ref.at[kv(ki)], k_smem.at[slot], k_ready.at[slot])
-        load_v = lambda ki, slot: plgpu.copy_gmem_to_smem(v_ref.at[kv(ki)], v_smem.at[slot], v_ready.at[slot])
+        load_v = lambda ki, slot: plgpu.copy_gmem_to_smem(_v_block(v_ref, bi, ki, gi, bkv), v_smem.at[slot],
+                                                          v_ready.at[slot])
         _produce(n_steps, stages, ((load_k, k_free), (load_v, v_free)))
 
 
@@ -820,7 +876,7 @@ def _persistent_kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, *refs, cfg: TuningCo
             pl.when(step >= stages)(lambda: plgpu.barrier_wait(k_free.at[slot]))
             plgpu.copy_gmem_to_smem(k_ref.at[kv], k_smem.at[slot], k_ready.at[slot])
             pl.when(step >= stages)(lambda: plgpu.barrier_wait(v_free.at[slot]))
-            plgpu.copy_gmem_to_smem(v_ref.at[kv], v_smem.at[slot], v_ready.at[slot])
+            plgpu.copy_gmem_to_smem(_v_block(v_ref, bi, ki, gi, bkv), v_smem.at[slot], v_ready.at[slot])
 
         def load_q(j, w, qi, bi, hi):  # Q of consumer w's j-th item, once its tile is free
             slot, ready = q_tile(j, w)
@@ -907,7 +963,9 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
     stages = cfg.num_stages
     common = dict(cfg=cfg, n_rep=H // G, scale_log2=scale * _LOG2E,
                   n_kv_blocks=pl.cdiv(S, cfg.block_kv), n_tiles=n_tiles)
-    o_tiles = cfg.o_tile_count(d, jnp.dtype(dtype).itemsize)
+    itemsize = jnp.dtype(dtype).itemsize
+    o_tiles = cfg.o_tile_count(d, itemsize)
+    o_dtype = jnp.bfloat16 if itemsize == 1 else dtype
     n_ctas = min(cfg.num_ctas, n_tiles * B * H)
     if cfg.persistent:
         kernel = functools.partial(_persistent_kernel, **common, n_batch=B, n_heads=H, n_ctas=n_ctas,
@@ -922,22 +980,26 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
         keys = _KeyEnds(refs[:n_keys], mask, real_T, real_S, cfg.rows, None if mask is None else refs[0][0])
         return kernel(q_ref, k_ref, v_ref, keys, *refs[n_keys:])
 
-    pv_swizzle = v_swizzle(cfg.block_kv, jnp.dtype(dtype).itemsize)  # PV's A and B share it
+    pv_swizzle = v_swizzle(cfg.block_kv, itemsize)  # PV's A and B share it
+    # float8: V staged as V^T [d, block_kv] (8-bit wgmma operands are K-major), P through SMEM
+    v_tile = (d, cfg.block_kv) if itemsize == 1 else (cfg.block_kv, d)
 
     def entry(*refs):
         scratch = (
             _smem_tiled((cfg.q_tiles, cfg.block_q, d), dtype),
             _smem_tiled((stages, cfg.block_kv, d), dtype),
-            _smem_tiled((stages, cfg.block_kv, d), dtype, pv_swizzle),
+            _smem_tiled((stages, *v_tile), dtype, pv_swizzle),
             plgpu.SMEM((n_wg, cfg.block_q), jnp.float32),
-            _smem_tiled((n_wg, cfg.block_q, cfg.block_kv), dtype, pv_swizzle) if cfg.interpretable else None,
+            _smem_tiled((n_wg, cfg.block_q, cfg.block_kv), dtype, pv_swizzle)
+            if cfg.interpretable or itemsize == 1 else None,
         )
         barriers = (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
                     plgpu.Barrier(num_barriers=cfg.q_ready_barriers))
         free = (plgpu.Barrier(num_arrivals=n_wg, num_barriers=stages),) * 2
         q_free = ()
-        if cfg.persistent:  # + the O tiles; q_free: a consumer warpgroup's Q SMEM may be refilled
-            scratch += (_smem_tiled((n_wg, cfg.block_q, d), dtype) if o_tiles else None,)
+        # + the O tiles (persistent where they fit, float8 always)
+        scratch += (_smem_tiled((n_wg, cfg.block_q, d), o_dtype) if o_tiles else None,)
+        if cfg.persistent:  # q_free: a consumer warpgroup's Q SMEM may be refilled
             q_free = (plgpu.Barrier(num_barriers=cfg.q_tiles),)
         # The ping-pong's rendezvous pairs two consumers; three run without one (``schedule`` None).
         schedule = (plgpu.Barrier(num_arrivals=2),) if n_wg == 2 else ()
@@ -946,7 +1008,7 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
 
     return plgpu.kernel(
         entry,
-        out_type=(jax.ShapeDtypeStruct((B, T, H, d), dtype),
+        out_type=(jax.ShapeDtypeStruct((B, T, H, d), o_dtype),
                   jax.ShapeDtypeStruct((B, H, n_tiles * cfg.rows), jnp.float32)),
         grid=grid, grid_names=grid_names,
         num_threads=n_wg + 1, thread_name="wg",
@@ -984,8 +1046,9 @@ def _check(q, k, v, kend):
     if k.shape != v.shape or (Bk, dk) != (B, d) or H % G or kend.shape != (B, T):
         raise ValueError(f"expected q [B,T,H,d], k = v [B,S,G,d] with H % G == 0, k_end [B,T]; got "
                          f"q {q.shape}, k {k.shape}, v {v.shape}, k_end {kend.shape}")
-    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (jnp.bfloat16, jnp.float16):
-        raise ValueError(f"q, k, v must share dtype bfloat16 or float16, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (jnp.bfloat16, jnp.float16, jnp.float8_e4m3fn):
+        raise ValueError(f"q, k, v must share dtype bfloat16, float16 or float8_e4m3fn, got {q.dtype}, "
+                         f"{k.dtype}, {v.dtype}")
     if d not in (64, 128, 256):
         raise ValueError(f"head dim must be 64, 128 or 256, got {d}")
 
@@ -1010,7 +1073,9 @@ def padded_key_ends(kend_BT, T: int, S: int, rows: int):
 @functools.partial(jax.jit, static_argnames=("causal", "scale", "config"))
 def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT=None, *, causal: str | None = None,
                         scale: float | None = None, config: TuningConfig | None = None):
-    """Jitted entry: ``(o [B,T,H,d], lse [B,H,T] natural log, float32)``. The mask is either
+    """Jitted entry: ``(o [B,T,H,d], lse [B,H,T] natural log, float32)``; o has the inputs' dtype,
+    bfloat16 for float8_e4m3fn inputs (forward only: no VJP; dequantization scales of q and k fold
+    into ``scale``, v's multiplies o; V is transposed by XLA before the kernel). The mask is either
     ``kend_BT`` (``key_end``: any lengths and offsets) or ``causal``, one of ``STATIC_MASKS``, which is
     ``key_end(B, T, S, causal=causal)`` computed inside the kernel: no XLA op before it and no
     ``k_end`` loads in it, with the same outputs. ``config`` defaults to ``default_config(d, S, causal)``
@@ -1023,17 +1088,22 @@ def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT=None, *, causal: str | N
                          f"causal={causal!r}")
     (B, T, H, d), (S, G) = q_BTHd.shape, k_BSGd.shape[1:3]
     _check(q_BTHd, k_BSGd, v_BSGd, jax.ShapeDtypeStruct((B, T), jnp.int32) if kend_BT is None else kend_BT)
-    cfg = config or default_config(d, S, causal=causal not in (None, "none"))
-    cfg.check_head_dim(d, jnp.dtype(q_BTHd.dtype).itemsize)
+    itemsize = jnp.dtype(q_BTHd.dtype).itemsize
+    cfg = config or (fp8_config(d) if itemsize == 1 else default_config(d, S, causal=causal not in (None, "none")))
+    cfg.check_head_dim(d, itemsize)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     rows = cfg.rows
     n_tiles = pl.cdiv(T, rows)
     # TMA needs sequence dims that are multiples of its 8-row tiles and at least one box long:
     # only lengths breaking that are padded (a copy); other tails are zero-filled by TMA itself.
+    # float8: V^T's minor dim is S, which TMA wants a whole number of the tile's swizzled rows (up to
+    # 128 keys): S is padded to whole KV blocks.
     up8 = lambda n: -(-n // 8) * 8
-    Tq, Sk = max(up8(T), rows), max(up8(S), cfg.block_kv * cfg.num_stages)
+    Sk = -(-S // cfg.block_kv) * cfg.block_kv if itemsize == 1 else up8(S)
+    Tq, Sk = max(up8(T), rows), max(Sk, cfg.block_kv * cfg.num_stages)
     q = jnp.pad(q_BTHd, ((0, 0), (0, Tq - T), (0, 0), (0, 0))) if Tq > T else q_BTHd
     pad_kv = lambda x: jnp.pad(x, ((0, 0), (0, Sk - S), (0, 0), (0, 0))) if Sk > S else x
+    v_in = jnp.transpose(pad_kv(v_BSGd), (0, 2, 3, 1)) if itemsize == 1 else pad_kv(v_BSGd)  # V^T [B, G, d, S]
     if causal is not None and not cfg.kernel_mask:
         kend_BT, causal = key_end(B, T, S, causal=causal), None
 
@@ -1050,12 +1120,12 @@ def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT=None, *, causal: str | N
             order = tuple(map(np.asarray, arrays(key_end(B, T, S, causal=causal))[1]))
         key_ends = (np.zeros((1,), np.int32),)
     fwd = _build_forward(B, Tq, H, Sk, G, d, q.dtype, cfg, scale, causal, T, S)
-    o, lse = fwd(q, pad_kv(k_BSGd), pad_kv(v_BSGd), *key_ends, *order)
+    o, lse = fwd(q, pad_kv(k_BSGd), v_in, *key_ends, *order)
     return o[:, :T], lse[:, :, :T]
 
 
 def flash_attention_reference(q_BTHd, k_BSGd, v_BSGd, kend_BT, *, scale: float | None = None):
-    """Pure JAX, float32 softmax: ``(o [B,T,H,d] in q's dtype, lse [B,H,T] float32)``."""
+    """Pure JAX, float32 softmax: ``(o [B,T,H,d] in q's dtype (bfloat16 for float8), lse [B,H,T] float32)``."""
     (B, T, H, d), (S, G) = q_BTHd.shape, k_BSGd.shape[1:3]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     q = q_BTHd.astype(jnp.float32).reshape(B, T, G, H // G, d)
@@ -1069,7 +1139,7 @@ def flash_attention_reference(q_BTHd, k_BSGd, v_BSGd, kend_BT, *, scale: float |
     p = e / jnp.where(l > 0, l, 1.0)
     o = jnp.einsum("bgrts,bsgd->btgrd", p, v_BSGd.astype(jnp.float32)).reshape(B, T, H, d)
     lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)[..., 0]
-    return o.astype(q_BTHd.dtype), lse.reshape(B, H, T)
+    return o.astype(jnp.bfloat16 if jnp.dtype(q_BTHd.dtype).itemsize == 1 else q_BTHd.dtype), lse.reshape(B, H, T)
 
 
 def main(argv=None) -> None:

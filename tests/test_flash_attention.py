@@ -14,7 +14,7 @@ from jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call import get_races
 
 from pallas_kernels import dispatch
 from pallas_kernels.flash_attention import (STATIC_MASKS, TuningConfig, default_config, flash_attention_fwd,
-                                            flash_attention_reference, key_end, max_overlap_block_kv,
+                                            flash_attention_reference, fp8_config, key_end, max_overlap_block_kv,
                                             overlap_config, v_swizzle)
 from pallas_kernels.flash_attention_vjp import attention, attention_bwd_blocked, flash_attention
 from specjax.attention import attention_reference
@@ -407,17 +407,95 @@ def test_lowers_for_cuda_with_prefetch(hd, cfg):
                                     (128, TuningConfig(block_kv=128, num_stages=3, persistent=True)),
                                     (64, TuningConfig(block_kv=64, persistent=True, o_tiles=0, overlap=True)),
                                     (256, TuningConfig(block_kv=64, persistent=True, spare_q=True)),
-                                    (256, TuningConfig(block_kv=128, num_stages=1, persistent=True, spare_q=True))])
+                                    (256, TuningConfig(block_kv=128, num_stages=1, persistent=True, spare_q=True)),
+                                    (-64, fp8_config(64)), (-128, TuningConfig(block_kv=128)),
+                                    (-256, fp8_config(256)), (-256, TuningConfig(block_kv=64, persistent=True))])
 def test_smem_bytes_is_what_mosaic_allocates(hd, cfg):
     """``smem_bytes`` (which picks the O tiles) equals Mosaic GPU's own count: lowering under a limit
-    one byte below it fails and names exactly that many bytes."""
+    one byte below it fails and names exactly that many bytes. hd < 0: float8 inputs at head dim
+    -hd (P and bfloat16 O tiles staged in SMEM)."""
     from jax.experimental.mosaic.gpu import core as mgpu_core
-    q = jax.ShapeDtypeStruct((2, 512, 2, hd), jnp.bfloat16)
+    dtype, hd = (jnp.float8_e4m3fn, -hd) if hd < 0 else (jnp.bfloat16, hd)
+    q = jax.ShapeDtypeStruct((2, 512, 2, hd), dtype)
     f = lambda q, k, v: flash_attention_fwd(q, k, v, key_end(2, 512, 512), config=cfg)
-    want = cfg.smem_bytes(hd)
+    want = cfg.smem_bytes(hd, jnp.dtype(dtype).itemsize)
     with mgpu_core.artificial_shared_memory_limit(want - 1), pytest.raises(ValueError) as err:
         jax.jit(f).trace(q, q, q).lower(lowering_platforms=("cuda",))
     assert f"smem_bytes={want} " in str(err.value), str(err.value)
+
+
+# ---------------------------------------------------------------- float8_e4m3fn forward (CPU)
+F8 = jnp.float8_e4m3fn
+FP8_TOL = 3e-2  # P is rounded to e4m3 (3 mantissa bits) before PV: ~2 % relative on random inputs
+
+
+def _fp8_inputs(seed, B, T, H, S, G, d):
+    return tuple(x.astype(F8) for x in _inputs(seed, B, T, H, S, G, d, jnp.float32))
+
+
+def _p_rounded_reference(q, k, v, kend, block_kv: int):
+    """numpy float64: the kernel's online softmax block by block, P rounded to e4m3 before PV and l
+    summed from the unrounded P, as the kernel does: what it must match to bfloat16 rounding."""
+    (B, T, H, d), (S, G) = q.shape, k.shape[1:3]
+    qf, kf, vf = (np.asarray(x.astype(jnp.float32), np.float64) for x in (q, k, v))
+    kend, c = np.asarray(kend), np.log2(np.e) / np.sqrt(d)
+    o = np.zeros((B, T, H, d))
+    for b, h in itertools.product(range(B), range(H)):
+        g = h // (H // G)
+        s = np.where(np.arange(S)[None] < kend[b][:, None], qf[b, :, h] @ kf[b, :, g].T * c, -1e30)
+        m, l, acc = np.full(T, -np.inf), np.zeros(T), np.zeros((T, d))
+        for j in range(0, S, block_kv):
+            m_new = np.maximum(m, s[:, j:j + block_kv].max(1))
+            a, p = np.exp2(m - m_new), np.exp2(s[:, j:j + block_kv] - m_new[:, None])
+            p8 = np.asarray(jnp.asarray(p, jnp.float32).astype(F8).astype(jnp.float32), np.float64)
+            l, acc, m = l * a + p.sum(1), acc * a[:, None] + p8 @ vf[b, j:j + block_kv, g], m_new
+        o[b, :, h] = np.where((kend[b] > 0)[:, None], acc / np.where(l > 0, l, 1)[:, None], 0)
+    return o
+
+
+@pytest.mark.parametrize("cfg,mode,shape", [
+    (INTERP, "top_left", (1, 200, 2, 200, 1, 64)),
+    (PERSIST(3), "bottom_right", (2, 70, 4, 300, 2, 64)),           # GQA, per-sequence kv lengths
+    (dataclasses.replace(INTERP, block_kv=128), "positions", (2, 9, 3, 130, 1, 128)),
+], ids=["grid", "persistent", "grid-hd128"])
+def test_interpreter_fp8_matches_reference(cfg, mode, shape):
+    """float8_e4m3fn q, k, v (V staged as V^T, P through SMEM, O in bfloat16): within FP8_TOL of the
+    float32 reference on the same values, and within bfloat16 rounding of the same softmax with P
+    rounded to e4m3 (``_p_rounded_reference``)."""
+    B, T, H, S, G, d = shape
+    q, k, v = _fp8_inputs(4, *shape)
+    kend = _kend(mode, B, T, S)
+    with plgpu.force_gpu_interpret_mode():
+        o, lse = flash_attention_fwd(q, k, v, kend, config=cfg)
+    assert o.dtype == jnp.bfloat16
+    _check_close(q, k, v, kend, o, lse, tol=FP8_TOL)
+    want = _p_rounded_reference(q, k, v, kend, cfg.block_kv)
+    got = np.asarray(o.astype(jnp.float32))
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 4e-3
+
+
+@pytest.mark.parametrize("hd", (64, 128, 256))
+def test_lowers_for_cuda_fp8(hd):
+    """``fp8_config`` and its grid form at the table's shortest and longest rows and an odd GQA
+    shape (``k_end`` traced); S is padded to whole KV blocks (V^T's minor dim)."""
+    for cfg in (fp8_config(hd), dataclasses.replace(fp8_config(hd), persistent=False)):
+        for B, T, H, S, G in ((32, 512, 2048 // hd, 512, 2048 // hd), (1, 16384, 2048 // hd, 16384, 2048 // hd),
+                              (2, 77, 6, 301, 2)):
+            q, k = (jax.ShapeDtypeStruct((B, n, h, hd), F8) for n, h in ((T, H), (S, G)))
+            assert "mosaic_gpu" in _lowered_for_cuda(cfg, q, k)
+
+
+def test_fp8_config_validation():
+    """The FP8 form stages P and O in SMEM of their own: no overlap, spare Q tile or O through Q."""
+    for hd in (64, 128, 256):
+        fp8_config(hd).check_head_dim(hd, 1)
+        assert fp8_config(hd).smem_bytes(hd, 1) <= 227 * 1024
+    for bad in (dict(overlap=True, block_kv=64), dict(spare_q=True), dict(o_tiles=0)):
+        with pytest.raises(ValueError, match="float8"):
+            TuningConfig(persistent=True, **bad).check_head_dim(128, 1)
+    q = jnp.zeros((1, 8, 2, 64), F8)
+    with pytest.raises(ValueError, match="share dtype"):
+        flash_attention_fwd(q, q, q.astype(jnp.bfloat16), causal="none")
 
 
 def test_balanced_order_is_a_permutation_that_evens_out_causal_work():
@@ -945,6 +1023,30 @@ def _gpu_vs_reference(cfg, dtype, hd, mode):
         _poison((B, T, H, hd), (B, H, T + 256))
         o, lse = flash_attention_fwd(q, k, v, kend, config=cfg)
         _check_close(q, k, v, kend, o, lse, tol=1e-2 if dtype == "bfloat16" else 2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("schedule", ("grid", "persistent"))
+@pytest.mark.parametrize("hd", (64, 128, 256))
+def test_gpu_fp8_matches_reference(hd, schedule, mode):
+    """float8_e4m3fn inputs with ``fp8_config`` (and its grid form), GQA and odd lengths, outputs
+    poisoned first: within FP8_TOL of the float32 reference and within bfloat16 rounding of the
+    softmax with P rounded to e4m3 (``_p_rounded_reference``)."""
+    cfg = dataclasses.replace(fp8_config(hd), persistent=schedule == "persistent")
+    G = 2
+    H = G * REP[hd]
+    for B, T, S in ((2, 1000, 1000), (3, 77, 1531)):
+        if mode == "top_left" and T != S:
+            continue
+        q, k, v = _fp8_inputs(hd + T, B, T, H, S, G, hd)
+        kend = _kend(mode, B, T, S, seed=T)
+        _poison((B, T, H, hd), (B, H, T + 256))
+        o, lse = flash_attention_fwd(q, k, v, kend, config=cfg)
+        _check_close(q, k, v, kend, o, lse, tol=FP8_TOL)
+        want = _p_rounded_reference(q, k, v, kend, cfg.block_kv)
+        got = np.asarray(o.astype(jnp.float32))
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 4e-3
 
 
 @pytest.mark.gpu
