@@ -135,7 +135,10 @@ class TuningConfig:
     to the next (a few registers more across the KV loop), and with O tiles the producer loads an
     item's first K/V block before its Q tiles; for short items (pallas_kernels/NOTES.md, v14).
     ``kernel_mask=False``: a static mask (``flash_attention_fwd(..., causal=...)``) runs as its ``k_end``
-    arrays (``key_end``, ``tile_key_bounds``), the form that measured faster at hd 64 non-causal (NOTES v17)."""
+    arrays (``key_end``, ``tile_key_bounds``), the form that measured faster at hd 64 non-causal (NOTES v17).
+    ``fp8_p_in_regs`` (float8 inputs, not interpretable): P stays in registers as PV's A operand instead
+    of going through SMEM (``_fp8_a_operand``: no shuffle, each row's two 8-key register tiles packed into
+    one 16-key 8-bit fragment), with V^T's keys permuted to match in the XLA transpose (``_fp8_keys_permuted``)."""
     block_q: int = 64        # query rows per consumer warpgroup (a CTA owns consumers * block_q)
     block_kv: int = 128      # keys per pipeline step
     num_stages: int = 2      # K/V SMEM ring depth
@@ -150,6 +153,7 @@ class TuningConfig:
     alternate_gemms: bool = False  # 2 consumers, no overlap: wgmma order QK QK PV PV (``_attend``)
     prefetch: bool = False   # persistent only: the next item's k_end loads one item ahead (class doc)
     kernel_mask: bool = True  # static masks (``causal=``) in the kernel; False: as k_end arrays (class doc)
+    fp8_p_in_regs: bool = False  # float8: P as PV's register A operand, V^T's keys permuted (class doc)
 
     def __post_init__(self):
         if self.block_q != 64:
@@ -189,6 +193,10 @@ class TuningConfig:
         if not isinstance(self.kernel_mask, bool):
             raise ValueError(f"kernel_mask must be True or False (static masks computed in the kernel, or "
                              f"passed to it as k_end arrays), got {self.kernel_mask!r}")
+        if not isinstance(self.fp8_p_in_regs, bool) or (self.fp8_p_in_regs and self.interpretable):
+            raise ValueError(f"fp8_p_in_regs must be True or False and needs interpretable=False (the interpreter "
+                             f"runs no register A operand), got fp8_p_in_regs={self.fp8_p_in_regs!r}, "
+                             f"interpretable={self.interpretable!r}")
         if isinstance(self.num_ctas, bool) or not isinstance(self.num_ctas, int) or self.num_ctas < 1:
             raise ValueError(f"num_ctas must be a positive int (CTAs of the persistent grid, at most "
                              f"one per SM is useful), got {self.num_ctas!r}")
@@ -202,6 +210,9 @@ class TuningConfig:
         """Raises ValueError where the buffers would not fit 227 KiB of SMEM or ``overlap`` (any
         config, with 3 consumers) would not fit the consumers' registers; for 8-bit inputs
         (``itemsize=1``, float8_e4m3fn) also where the config needs what the FP8 form lacks."""
+        if itemsize != 1 and self.fp8_p_in_regs:
+            raise ValueError(f"fp8_p_in_regs applies to float8 inputs only (16-bit P is always in registers), "
+                             f"got {itemsize}-byte inputs")
         if itemsize == 1 and (self.overlap or self.spare_q or self.o_tiles == 0):
             raise ValueError(
                 f"float8 inputs stage P through SMEM and O (bfloat16) through tiles of its own: they need "
@@ -252,9 +263,13 @@ class TuningConfig:
         ring = self.num_stages * self.block_kv * head_dim * itemsize   # K's or V's
         c = self.consumers
         buffers = [self.q_tiles * tile, ring, ring, c * self.block_q * 4,
-                   c * self.block_q * self.block_kv * itemsize if self.interpretable or itemsize == 1 else 0,
+                   c * self.block_q * self.block_kv * itemsize if self._p_tiles(itemsize) else 0,
                    o_tiles * o_tile]
         return sum(map(align, buffers)) + 8 * self._barriers()
+
+    def _p_tiles(self, itemsize: int) -> bool:
+        """Whether P goes through SMEM tiles: interpretable, or float8 without ``fp8_p_in_regs``."""
+        return self.interpretable or (itemsize == 1 and not self.fp8_p_in_regs)
 
     def o_tile_count(self, head_dim: int, itemsize: int = 2) -> int:
         """Persistent kernel only: SMEM tiles that stage O for its TMA store, so that a consumer's Q
@@ -450,6 +465,35 @@ def _v_block(v_ref, bi, ki, gi, bkv: int):
     return v_ref.at[bi, pl.ds(ki * bkv, bkv), gi]
 
 
+def _fp8_keys_permuted(vt):
+    """V^T [..., S] with its keys in ``_fp8_a_operand``'s order: position ``16 i + 4 q + 2 h + l`` holds
+    key ``16 i + 8 h + 2 q + l`` (S a multiple of 16); a transpose, which XLA fuses with V's."""
+    *lead, S = vt.shape
+    return vt.reshape(*lead, S // 16, 2, 4, 2).swapaxes(-3, -2).reshape(*lead, S)
+
+
+def _fp8_a_operand(p):
+    """float32 P [64, n] (WGMMA layout) as e4m3 in the 8-bit wgmma A-operand layout, in registers.
+    A thread holds columns 2 q, 2 q + 1 of each 8-column tile (q = lane % 4); the 8-bit fragment
+    wants 4 bytes per 16 columns, read as k = 4 q ... 4 q + 3. Packing the thread's two tiles of a
+    16-column group gives k = 4 q + 2 h + l the key 8 h + 2 q + l: no shuffle, and V^T's keys are
+    stored in that order (``_fp8_keys_permuted``), so P V sums the same products."""
+    import jax.experimental.mosaic.gpu as mgpu
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+    from jax._src.lib.mlir import ir
+
+    @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA,),
+                       return_type=plgpu.ShapeDtypeStruct(p.shape, jnp.float8_e4m3fn, layout=plgpu.Layout.WGMMA_8BIT))
+    def pack(ctx, p_fa):
+        regs = p_fa.astype(ir.Float8E4M3FNType.get()).registers  # [.., n / 8 tiles, ..] of 2 x e4m3
+        out = np.empty((regs.shape[0], regs.shape[1] // 2, *regs.shape[2:]), dtype=object)
+        for idx in np.ndindex(out.shape):
+            pair = [regs[(idx[0], 2 * idx[1] + h, *idx[2:])] for h in (0, 1)]
+            out[idx] = mgpu_utils.vector_concat(pair)
+        return mgpu.FragmentedArray(_registers=out, _layout=mgpu.WGMMA_LAYOUT_8BIT, _is_signed=None)
+    return pack(p)
+
+
 def _issue_pv(o_ref, acc, p_lo, v_smem, p_smem):
     """Starts PV into the accumulator ``o_ref``: onto ``acc`` with P in registers, or (``p_smem``
     given: interpretable) into zeros with P staged in SMEM, the caller then adds ``acc``."""
@@ -611,7 +655,7 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
         if _fp8(k_smem):  # Mosaic's barrier takes no 2 x 8-bit registers: P converts after it
             acc, l_i, m_new, p = lax.optimization_barrier((acc, l_i, m_new, p))
-            p_lo = p.astype(k_smem.dtype)
+            p_lo = _fp8_a_operand(p) if cfg.fp8_p_in_regs else p.astype(k_smem.dtype)
         else:
             p_lo = p.astype(k_smem.dtype)
             acc, l_i, m_new, p_lo = lax.optimization_barrier((acc, l_i, m_new, p_lo))
@@ -990,8 +1034,7 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
             _smem_tiled((stages, cfg.block_kv, d), dtype),
             _smem_tiled((stages, *v_tile), dtype, pv_swizzle),
             plgpu.SMEM((n_wg, cfg.block_q), jnp.float32),
-            _smem_tiled((n_wg, cfg.block_q, cfg.block_kv), dtype, pv_swizzle)
-            if cfg.interpretable or itemsize == 1 else None,
+            _smem_tiled((n_wg, cfg.block_q, cfg.block_kv), dtype, pv_swizzle) if cfg._p_tiles(itemsize) else None,
         )
         barriers = (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
                     plgpu.Barrier(num_barriers=cfg.q_ready_barriers))
@@ -1104,6 +1147,8 @@ def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT=None, *, causal: str | N
     q = jnp.pad(q_BTHd, ((0, 0), (0, Tq - T), (0, 0), (0, 0))) if Tq > T else q_BTHd
     pad_kv = lambda x: jnp.pad(x, ((0, 0), (0, Sk - S), (0, 0), (0, 0))) if Sk > S else x
     v_in = jnp.transpose(pad_kv(v_BSGd), (0, 2, 3, 1)) if itemsize == 1 else pad_kv(v_BSGd)  # V^T [B, G, d, S]
+    if cfg.fp8_p_in_regs:  # the keys in _fp8_a_operand's order (the same XLA copy; S is whole KV blocks)
+        v_in = _fp8_keys_permuted(v_in)
     if causal is not None and not cfg.kernel_mask:
         kend_BT, causal = key_end(B, T, S, causal=causal), None
 

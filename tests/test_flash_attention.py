@@ -409,7 +409,8 @@ def test_lowers_for_cuda_with_prefetch(hd, cfg):
                                     (256, TuningConfig(block_kv=64, persistent=True, spare_q=True)),
                                     (256, TuningConfig(block_kv=128, num_stages=1, persistent=True, spare_q=True)),
                                     (-64, fp8_config(64)), (-128, TuningConfig(block_kv=128)),
-                                    (-256, fp8_config(256)), (-256, TuningConfig(block_kv=64, persistent=True))])
+                                    (-256, fp8_config(256)), (-256, TuningConfig(block_kv=64, persistent=True)),
+                                    (-128, dataclasses.replace(fp8_config(128), fp8_p_in_regs=True))])
 def test_smem_bytes_is_what_mosaic_allocates(hd, cfg):
     """``smem_bytes`` (which picks the O tiles) equals Mosaic GPU's own count: lowering under a limit
     one byte below it fails and names exactly that many bytes. hd < 0: float8 inputs at head dim
@@ -472,17 +473,39 @@ def test_interpreter_fp8_matches_reference(cfg, mode, shape):
     want = _p_rounded_reference(q, k, v, kend, cfg.block_kv)
     got = np.asarray(o.astype(jnp.float32))
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 4e-3
+    if mode == "top_left":  # the static mask computed in the kernel: the same O, bit for bit
+        with plgpu.force_gpu_interpret_mode():
+            o_static, _ = flash_attention_fwd(q, k, v, causal="top_left", config=cfg)
+        np.testing.assert_array_equal(np.asarray(o_static.astype(jnp.float32)), got)
 
 
+@pytest.mark.parametrize("regs", (False, True), ids=["p-smem", "p-regs"])
 @pytest.mark.parametrize("hd", (64, 128, 256))
-def test_lowers_for_cuda_fp8(hd):
-    """``fp8_config`` and its grid form at the table's shortest and longest rows and an odd GQA
-    shape (``k_end`` traced); S is padded to whole KV blocks (V^T's minor dim)."""
-    for cfg in (fp8_config(hd), dataclasses.replace(fp8_config(hd), persistent=False)):
+def test_lowers_for_cuda_fp8(hd, regs):
+    """``fp8_config`` and its grid form, P through SMEM or in registers (``fp8_p_in_regs``), at the
+    table's shortest and longest rows and an odd GQA shape (``k_end`` traced); S is padded to whole
+    KV blocks (V^T's minor dim)."""
+    base = dataclasses.replace(fp8_config(hd), fp8_p_in_regs=regs)
+    for cfg in (base, dataclasses.replace(base, persistent=False)):
         for B, T, H, S, G in ((32, 512, 2048 // hd, 512, 2048 // hd), (1, 16384, 2048 // hd, 16384, 2048 // hd),
                               (2, 77, 6, 301, 2)):
             q, k = (jax.ShapeDtypeStruct((B, n, h, hd), F8) for n, h in ((T, H), (S, G)))
             assert "mosaic_gpu" in _lowered_for_cuda(cfg, q, k)
+
+
+def test_fp8_keys_permuted_follow_the_register_fragment():
+    """``fp8_p_in_regs``: lane q of a quad holds P's columns 2 q, 2 q + 1 of each 8-column register tile;
+    packed, its 4 bytes of a 16-column group are the 8-bit fragment's k = 4 q ... 4 q + 3. V^T's key
+    at position k of each 16-key group must be the key those bytes hold (hardware k -> key: the
+    fragment layout as PTX documents it; checked on a GPU by ``test_gpu_fp8_matches_reference``)."""
+    from pallas_kernels.flash_attention import _fp8_keys_permuted
+    S = 64
+    got = np.asarray(_fp8_keys_permuted(jnp.arange(S, dtype=jnp.int32)[None, None]))[0, 0]
+    want = []
+    for g in range(S // 16):
+        for q in range(4):
+            want += [16 * g + 2 * q, 16 * g + 2 * q + 1, 16 * g + 8 + 2 * q, 16 * g + 9 + 2 * q]
+    np.testing.assert_array_equal(got, want)
 
 
 def test_fp8_config_validation():
@@ -493,6 +516,11 @@ def test_fp8_config_validation():
     for bad in (dict(overlap=True, block_kv=64), dict(spare_q=True), dict(o_tiles=0)):
         with pytest.raises(ValueError, match="float8"):
             TuningConfig(persistent=True, **bad).check_head_dim(128, 1)
+    with pytest.raises(ValueError, match="float8 inputs only"):
+        TuningConfig(fp8_p_in_regs=True).check_head_dim(128, 2)
+    with pytest.raises(ValueError, match="interpretable"):
+        TuningConfig(fp8_p_in_regs=True, interpretable=True)
+    assert TuningConfig(fp8_p_in_regs=True).smem_bytes(128, 1) < TuningConfig().smem_bytes(128, 1)  # no P tiles
     q = jnp.zeros((1, 8, 2, 64), F8)
     with pytest.raises(ValueError, match="share dtype"):
         flash_attention_fwd(q, q, q.astype(jnp.bfloat16), causal="none")
@@ -1027,13 +1055,14 @@ def _gpu_vs_reference(cfg, dtype, hd, mode):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("regs", (False, True), ids=["p-smem", "p-regs"])
 @pytest.mark.parametrize("schedule", ("grid", "persistent"))
 @pytest.mark.parametrize("hd", (64, 128, 256))
-def test_gpu_fp8_matches_reference(hd, schedule, mode):
-    """float8_e4m3fn inputs with ``fp8_config`` (and its grid form), GQA and odd lengths, outputs
-    poisoned first: within FP8_TOL of the float32 reference and within bfloat16 rounding of the
-    softmax with P rounded to e4m3 (``_p_rounded_reference``)."""
-    cfg = dataclasses.replace(fp8_config(hd), persistent=schedule == "persistent")
+def test_gpu_fp8_matches_reference(hd, schedule, regs, mode):
+    """float8_e4m3fn inputs with ``fp8_config`` (and its grid form), P through SMEM or in registers
+    (``fp8_p_in_regs``), GQA and odd lengths, outputs poisoned first: within FP8_TOL of the float32
+    reference and within bfloat16 rounding of the softmax with P rounded to e4m3 (``_p_rounded_reference``)."""
+    cfg = dataclasses.replace(fp8_config(hd), persistent=schedule == "persistent", fp8_p_in_regs=regs)
     G = 2
     H = G * REP[hd]
     for B, T, S in ((2, 1000, 1000), (3, 77, 1531)):
@@ -1047,6 +1076,9 @@ def test_gpu_fp8_matches_reference(hd, schedule, mode):
         want = _p_rounded_reference(q, k, v, kend, cfg.block_kv)
         got = np.asarray(o.astype(jnp.float32))
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 4e-3
+        if mode == "top_left":  # the static mask computed in the kernel: the same O, bit for bit
+            o_static, _ = flash_attention_fwd(q, k, v, causal="top_left", config=cfg)
+            np.testing.assert_array_equal(np.asarray(o_static.astype(jnp.float32)), got)
 
 
 @pytest.mark.gpu
@@ -1114,7 +1146,7 @@ def test_probe_labels_round_trip(monkeypatch):
     from tune_fa3 import label, label_fields, parse_label
     assert label_fields(["f1", "n128"]) == {"prefetch": True, "num_ctas": 128}  # fa3_configs_probe's default/f1/n128
     for text in ("128/2/G", "64/2/P+O/o0", "128/1/P/s1/a1", "128/1/B/a1", "128/2/P/c3", "64/2/B+O/s1", "128/2/P/f1",
-                 "128/2/P/m0", "64/2/P+O/s1/m0"):
+                 "128/2/P/m0", "64/2/P+O/s1/m0", "128/1/P/a1/p1"):
         cfg = parse_label(text, 132)
         assert label(cfg) == text and parse_label(label(cfg), 132) == cfg, text
     assert parse_label("128/1/G/a1", 132).alternate_gemms and not parse_label("128/1/G", 132).alternate_gemms
