@@ -95,6 +95,31 @@ def test_a_few_steps_lower_the_loss(target, dataset, kind):
     assert after < before, (kind, before, after)
 
 
+def test_eagle3_fine_tunes_from_an_exported_head(target, dataset, tmp_path):
+    """``train_eagle3(init=...)`` (``--init`` / ``--init-eagle3``) starts from the exported head: with lr 0
+    (1e-12: it must be positive) the result is that head, draft vocabulary included; a few steps from it
+    lower its loss; a head of
+    another draft vocabulary is refused."""
+    from specjax.heads import eagle3_io
+    cfg, tp = target
+    tc = TrainConfig(steps=6, batch_size=6, lr=3e-3, warmup_steps=2, progress=False)
+    ecfg, p1, ids, _ = recipes.train_eagle3(tp, cfg, dataset, tc, draft_vocab_size=64, ttt_steps=3)
+    eagle3_io.save_eagle3(tmp_path / "head", p1, ecfg, ids)
+    init = eagle3_io.load_eagle3(tmp_path / "head", target=cfg)
+    _, same, ids0, _ = recipes.train_eagle3(tp, cfg, dataset, dataclasses.replace(tc, lr=1e-12), draft_vocab_size=64,
+                                            ttt_steps=3, init=init)
+    np.testing.assert_array_equal(ids0, ids)
+    for k in init[1]:
+        np.testing.assert_allclose(np.asarray(same[k]), np.asarray(init[1][k], np.float32), rtol=0, atol=1e-9,
+                                   err_msg=k)
+    _, p2, _, _ = recipes.train_eagle3(tp, cfg, dataset, tc, draft_vocab_size=64, ttt_steps=3, init=init)
+    fn, frozen = functools.partial(losses.eagle3_loss, cfg=ecfg, num_steps=3), {"target": tp, "draft_ids": ids}
+    batch = {k: jnp.asarray(v) for k, v in dataset.batch(0, 12, seed=1).items()}
+    assert _eval_loss(fn, p2, frozen, batch) < _eval_loss(fn, same, frozen, batch)
+    with pytest.raises(ValueError, match="draft vocabulary 64"):
+        recipes.train_eagle3(tp, cfg, dataset, tc, draft_vocab_size=32, ttt_steps=3, init=init)
+
+
 def _medusa_run(target, dataset, ckpt_dir, **kw):
     cfg, tp = target
     mcfg = medusa.MedusaConfig(cfg, num_heads=2)
@@ -500,6 +525,25 @@ def test_train_smollm2_script_runs_end_to_end_on_a_tiny_target(tmp_path):
         names = tar.getnames()
     assert {"eagle3/model.safetensors", "medusa/medusa_lm_head.safetensors", "draft/model.safetensors",
             "results.json"} <= set(names)
+
+
+def test_train_smollm2_fine_tunes_a_head_on_a_new_corpus(target, dataset, tmp_path):
+    """``--init-eagle3 FOLDER --corpus-seed N``: the EAGLE-3 stage starts from that head on a corpus of
+    another seed, and its record and card say so."""
+    from specjax.heads import eagle3_io
+    from training import train_smollm2
+    cfg, tp = target
+    tc = TrainConfig(steps=2, batch_size=4, lr=3e-3, warmup_steps=1, progress=False)
+    ecfg, p1, ids, _ = recipes.train_eagle3(tp, cfg, dataset, tc, draft_vocab_size=64, ttt_steps=3)
+    eagle3_io.save_eagle3(tmp_path / "head", p1, ecfg, ids)
+    argv = ["--preset", "cpu-tiny", "--out", str(tmp_path / "run"), "--only", "eagle3", "--corpus-seed", "7",
+            "--init-eagle3", str(tmp_path / "head")]
+    assert train_smollm2.main(argv) == 0
+    res = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert res["preset"]["corpus"]["seed"] == 7 and res["artifacts"]["eagle3"]["init_from"] == str(tmp_path / "head")
+    assert "Fine-tuned from the head in" in (tmp_path / "run" / "export" / "eagle3" / "CARD.md").read_text()
+    _, _, ids_out = eagle3_io.load_eagle3(tmp_path / "run" / "export" / "eagle3", target=cfg)
+    np.testing.assert_array_equal(ids_out, ids)  # the draft vocabulary came with the head
 
 
 def test_specjax_train_cli_trains_and_exports(tmp_path):

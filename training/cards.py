@@ -91,6 +91,8 @@ def card(kind: str, rec: dict, results: dict) -> str:
         f"texts, checked={ov.get('checked')}): dropped {ov.get('dropped_prompts')} prompts, "
         f"{ov.get('dropped_examples')} examples.", "",
         "## Training",
+        (f"Fine-tuned from the head in `{rec['init_from']}` (its weights and draft vocabulary; a fresh optimizer). "
+         if rec.get("init_from") else "") +
         f"{rec['steps']} steps (of {rec.get('planned_steps', rec['steps'])} planned), batch {rec['batch_size']} x "
         f"{rec['seq_len']} tokens, AdamW lr {rec['lr']} (warmup + cosine, global-norm clipping), fp32 master weights, "
         f"{results['preset']['dtype']} compute, {rec['train_seconds']} s on {results['hardware']}"

@@ -45,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="devices for the corpus and data-parallel training (default: all local ones; "
                         "--batch-size must divide by it)")
     g.add_argument("--ttt-steps", type=int, default=7, help="eagle3: unrolled training-time-test steps")
+    g.add_argument("--init", default=None,
+                   help="eagle3: fine-tune this exported head folder (its weights and draft vocabulary) instead of "
+                        "random weights; --draft-vocab must match it")
     g.add_argument("--draft-vocab", type=int, default=8192, help="eagle3: draft vocabulary size")
     g.add_argument("--num-heads", type=int, default=4, help="medusa: heads")
     g.add_argument("--own-lm-head", action="store_true", help="medusa: one LM head per head instead of the target's")
@@ -55,6 +58,8 @@ def train_main(args: argparse.Namespace) -> int:
     from specjax.pipeline import load
     if args.steps <= 0 or args.batch_size <= 0:
         raise ValueError(f"--steps and --batch-size must be positive, got {args.steps} and {args.batch_size}")
+    if args.init is not None and args.kind != "eagle3":
+        raise ValueError(f"--init fine-tunes an EAGLE-3 head; got kind {args.kind!r}")
     out = Path(args.out).expanduser()
     lm = load(args.model, args.dtype)
     cfg, tp = lm.cfg, lm.params
@@ -68,8 +73,9 @@ def train_main(args: argparse.Namespace) -> int:
     export = out / "export" / args.kind
     bf16 = lambda tree: jax.tree.map(lambda x: x.astype(jnp.bfloat16), tree)  # noqa: E731
     if args.kind == "eagle3":
+        init = None if args.init is None else eagle3_io.load_eagle3(args.init, target=cfg)
         ecfg, params, ids, _ = recipes.train_eagle3(tp, cfg, ds, tc, draft_vocab_size=args.draft_vocab,
-                                                    ttt_steps=args.ttt_steps, seed=args.seed)
+                                                    ttt_steps=args.ttt_steps, seed=args.seed, init=init)
         eagle3_io.save_eagle3(export, bf16(params), ecfg, ids)
     elif args.kind == "medusa":
         mcfg, params, _ = recipes.train_medusa(tp, cfg, ds, tc, num_heads=args.num_heads, own_lm_head=args.own_lm_head)

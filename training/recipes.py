@@ -18,14 +18,29 @@ from training.loop import TrainConfig, train
 
 
 def train_eagle3(tp: dict, cfg: ModelConfig, ds: data.TokenDataset, tc: TrainConfig, *, draft_vocab_size: int,
-                 ttt_steps: int = 7, decay: float = 0.8, seed: int = 0, heldout: data.TokenDataset | None = None):
+                 ttt_steps: int = 7, decay: float = 0.8, seed: int = 0, heldout: data.TokenDataset | None = None,
+                 init: tuple | None = None):
     """-> (Eagle3Config, params, draft_ids_N, TrainResult). The draft vocabulary is the most frequent
     response tokens of ``ds``. All head weights start random (as in SpecForge): on SmolLM2 that
     trained faster than starting the LM head from the target's rows, whose peaked logits on the
-    untrained head's hidden states start from a loss far above uniform."""
-    ids_N = jnp.asarray(data.draft_vocab(data.response_token_counts(ds, cfg.vocab_size), draft_vocab_size))
-    ecfg = eagle3.Eagle3Config(cfg, draft_vocab_size)
-    params = eagle3.init_params(ecfg, jax.random.key(seed))
+    untrained head's hidden states start from a loss far above uniform. ``init``: ``(Eagle3Config,
+    params, draft_ids_N)`` of a trained head (``eagle3_io.load_eagle3``) to fine-tune instead: its
+    weights become the float32 master weights and its draft vocabulary is kept (``draft_vocab_size``
+    must equal it); the optimizer starts afresh (warmup + cosine over ``tc.steps``)."""
+    if init is None:
+        ids_N = jnp.asarray(data.draft_vocab(data.response_token_counts(ds, cfg.vocab_size), draft_vocab_size))
+        ecfg = eagle3.Eagle3Config(cfg, draft_vocab_size)
+        params = eagle3.init_params(ecfg, jax.random.key(seed))
+    else:
+        ecfg, params, ids_N = init
+        shape = lambda c: (c.vocab_size, c.d_model, c.n_layers)  # noqa: E731
+        if ecfg.draft_vocab_size != draft_vocab_size or shape(ecfg.target) != shape(cfg):
+            raise ValueError(f"the head to fine-tune has draft vocabulary {ecfg.draft_vocab_size} over a target of "
+                             f"(vocab, width, layers) {shape(ecfg.target)}; expected {draft_vocab_size} over "
+                             f"{shape(cfg)}: pass the draft_vocab_size and the target the head was trained with")
+        ecfg = eagle3.Eagle3Config(cfg, ecfg.draft_vocab_size, ecfg.taps, ecfg.ffn_dim)  # this target's numerics
+        params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+        ids_N = jnp.asarray(ids_N, jnp.int32)
     loss = functools.partial(losses.eagle3_loss, cfg=ecfg, num_steps=ttt_steps, decay=decay)
     res = train(loss, params, {"target": tp, "draft_ids": ids_N}, ds, tc, desc="eagle3", heldout=heldout)
     return ecfg, res.params, ids_N, res

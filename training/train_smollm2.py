@@ -87,18 +87,20 @@ def eval_sets(preset: Preset, tok, cfg) -> tuple[dict, str]:
 
 
 def train_and_export(kind: str, preset: Preset, tp: dict, cfg, ds, out: Path, seconds_left: float | None = None,
-                     heldout=None):
+                     heldout=None, init_eagle3: str | None = None):
     """Train one artifact, write it (bf16) to ``out/export/<kind>`` and load it back from there in the
     target's dtype, so tau is measured on the files. -> (drafter, draft_params, TrainResult, TrainConfig).
-    ``seconds_left`` tightens the stage's wall-clock cap (it stops with a checkpoint; a rerun resumes)."""
+    ``seconds_left`` tightens the stage's wall-clock cap (it stops with a checkpoint; a rerun resumes).
+    ``init_eagle3``: an EAGLE-3 head folder (``eagle3_io``) to fine-tune instead of a random start."""
     folder, dtype, bf16 = out / "export" / kind, tp["embed"].dtype, lambda t: jax.tree.map(
         lambda x: x.astype(jnp.bfloat16), t)
     tc = dataclasses.replace(getattr(preset, kind.split("-")[0]), ckpt_dir=str(out / "ckpt" / kind))
     if seconds_left is not None:
         tc = dataclasses.replace(tc, max_seconds=min(tc.max_seconds or seconds_left, seconds_left))
     if kind == "eagle3":
+        init = None if init_eagle3 is None else eagle3_io.load_eagle3(init_eagle3, target=cfg)
         ecfg, params, ids, res = recipes.train_eagle3(tp, cfg, ds, tc, draft_vocab_size=preset.draft_vocab,
-                                                      ttt_steps=preset.ttt_steps, heldout=heldout)
+                                                      ttt_steps=preset.ttt_steps, heldout=heldout, init=init)
         eagle3_io.save_eagle3(folder, bf16(params), ecfg, ids)
         _, params, ids = eagle3_io.load_eagle3(folder, target=cfg, dtype=dtype)
         return Eagle3(ecfg), {"params": params, "draft_ids": ids}, res, tc
@@ -127,7 +129,7 @@ EVAL_RESERVE_S = 75  # export + tau check of one stage, kept free inside --time-
 
 
 def run(preset: Preset, out: Path, *, ship: bool, model_path: str | None = None, only=SHIPPED_KINDS,
-        time_budget: float | None = None):
+        time_budget: float | None = None, init_eagle3: str | None = None):
     t_start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     if jax.default_backend() != "cpu":  # a rerun after a timeout (same warm machine) skips recompiling
@@ -151,7 +153,8 @@ def run(preset: Preset, out: Path, *, ship: bool, model_path: str | None = None,
             log(f"{kind}: skipped, {left + EVAL_RESERVE_S:.0f}s of --time-budget left (rerun to continue)")
             continue
         log(f"{kind}: training")
-        drafter, dp, res, tc = train_and_export(kind, preset, tp, cfg, ds, out, left, heldout)
+        drafter, dp, res, tc = train_and_export(kind, preset, tp, cfg, ds, out, left, heldout,
+                                                init_eagle3 if kind == "eagle3" else None)
         log(f"{kind}: held-out corpus rows ({res.heldout['rows']}): loss {res.heldout['loss']:.3f}, acc "
             + " ".join(f"{a:.2f}" for a in res.heldout["acc_k"]))
         train_s = time.perf_counter() - t0
@@ -165,6 +168,8 @@ def run(preset: Preset, out: Path, *, ship: bool, model_path: str | None = None,
                "final": res.history[-1] if res.history else None, "heldout": res.heldout,
                "history": res.history[:: max(1, len(res.history) // 50)], "tau": tau, "num_draft": kd,
                "size_bytes": sum(f.stat().st_size for f in folder.iterdir())}
+        if kind == "eagle3" and init_eagle3 is not None:
+            rec["init_from"] = str(init_eagle3)
         rec |= continued_record(earlier.get(kind), res, train_s)
         results["artifacts"][kind] = rec
         atomic_write_text(folder / "CARD.md", cards.card(kind, rec, results))
@@ -195,8 +200,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds for this invocation: stages stop early with a checkpoint (a rerun resumes)")
     p.add_argument("--steps", type=int, default=None,
                    help="override the preset's step count of every stage (the schedule's cosine follows it)")
+    p.add_argument("--corpus-seed", type=int, default=None,
+                   help="override the preset's corpus seed (other Magpie queries and sampled answers: a new corpus)")
+    p.add_argument("--init-eagle3", default=None,
+                   help="fine-tune this EAGLE-3 head folder (e.g. specjax/shipped/.../eagle3; 'shipped': the shipped "
+                        "head) instead of starting from random weights; its draft vocabulary is kept")
     args = p.parse_args(argv)
     preset = PRESETS[args.preset]
+    if args.corpus_seed is not None:
+        preset = dataclasses.replace(preset, corpus=dataclasses.replace(preset.corpus, seed=args.corpus_seed))
+    init_eagle3 = str(shipped.path(MODEL, "eagle3")) if args.init_eagle3 == "shipped" else args.init_eagle3
     if args.steps is not None:
         if args.steps < 1:
             p.error(f"--steps takes a positive step count; got {args.steps}")
@@ -211,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     if not only or not set(only) <= set(KINDS):
         p.error(f"--only takes a comma-separated subset of {', '.join(KINDS)}; got {args.only!r}")
     out = Path(args.out).expanduser() if args.out else assets.home() / "train" / args.preset
-    run(preset, out, ship=args.ship, model_path=args.model, only=only, time_budget=args.time_budget)
+    run(preset, out, ship=args.ship, model_path=args.model, only=only, time_budget=args.time_budget,
+        init_eagle3=init_eagle3)
     if args.bundle:
         cards.bundle(out / "export", [k for k in only if k in SHIPPED_KINDS], Path(args.bundle))
     return 0
