@@ -336,10 +336,14 @@ def default_config(head_dim: int, kv_len: int | None = None, causal: bool = Fals
                  prefetch="prefetch" in flags, kernel_mask="kend" not in flags)
     if schedule == "grid":
         return TuningConfig(block_kv=block_kv, **extra)
-    dev = jax.devices()[0]
-    sms = getattr(dev, "core_count", None) if dev.platform == "gpu" else None
     return TuningConfig(block_kv=block_kv, persistent=True, balanced=schedule == "balanced",
-                        num_ctas=sms or 132, **extra)
+                        num_ctas=_sm_count(), **extra)
+
+
+def _sm_count() -> int:
+    """The persistent grid's size: the SM count of the first device if it is a GPU, else an H100's 132."""
+    dev = jax.devices()[0]
+    return (getattr(dev, "core_count", None) if dev.platform == "gpu" else None) or 132
 
 
 def overlap_config(head_dim: int, kv_len: int | None = None, causal: bool = False) -> TuningConfig:
@@ -353,11 +357,9 @@ def fp8_config(head_dim: int) -> TuningConfig:
     persistent grid with 128-key blocks, two K/V stages at hd 64 / 128; at hd 256 one stage with the
     wgmmas in turns (cuDNN's hd 256 form), since two 128-key stages, P and the bfloat16 O tiles
     overflow 227 KiB there."""
-    dev = jax.devices()[0]
-    sms = getattr(dev, "core_count", None) if dev.platform == "gpu" else None
     one = head_dim > 128
     return TuningConfig(block_kv=128, num_stages=1 if one else 2, alternate_gemms=one, persistent=True,
-                        num_ctas=sms or 132)
+                        num_ctas=_sm_count())
 
 
 def with_overlap(cfg: TuningConfig, head_dim: int) -> TuningConfig:
