@@ -97,7 +97,7 @@ def main(argv=None):
                         cfg = dataclasses.replace(base, **label_fields(lab.split("/")[1:], lab))
                     else:
                         cfg = parse_label(lab, sms, m.TuningConfig)
-                    cfg.check_head_dim(hd, 1 if fp8 else 2)
+                    cfg.check_head_dim(hd, jnp.dtype(a.dtype).itemsize)
                 except (ValueError, TypeError) as e:
                     print(f"  skip {mname} {lab} at hd{hd}: {str(e)[:120]}")
                     continue

@@ -101,8 +101,13 @@ _REGISTERS = {2: (232, 40), 3: (160, 32)}
 _REGISTER_MARGIN = 40     # of a consumer's registers: m, l, k_end, indices, addresses
 
 
+def _out_dtype(dtype):
+    """O's dtype: the inputs', bfloat16 for float8 inputs."""
+    return jnp.dtype(jnp.bfloat16 if jnp.dtype(dtype).itemsize == 1 else dtype)
+
+
 def _out_itemsize(itemsize: int) -> int:
-    """Bytes per element of O: the inputs', bfloat16 (2) for float8 inputs."""
+    """Bytes per element of O for inputs of ``itemsize`` bytes (``_out_dtype``)."""
     return 2 if itemsize == 1 else itemsize
 
 
@@ -1011,7 +1016,7 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
                   n_kv_blocks=pl.cdiv(S, cfg.block_kv), n_tiles=n_tiles)
     itemsize = jnp.dtype(dtype).itemsize
     o_tiles = cfg.o_tile_count(d, itemsize)
-    o_dtype = jnp.bfloat16 if itemsize == 1 else dtype
+    o_dtype = _out_dtype(dtype)
     n_ctas = min(cfg.num_ctas, n_tiles * B * H)
     if cfg.persistent:
         kernel = functools.partial(_persistent_kernel, **common, n_batch=B, n_heads=H, n_ctas=n_ctas,
@@ -1186,7 +1191,7 @@ def flash_attention_reference(q_BTHd, k_BSGd, v_BSGd, kend_BT, *, scale: float |
     p = e / jnp.where(l > 0, l, 1.0)
     o = jnp.einsum("bgrts,bsgd->btgrd", p, v_BSGd.astype(jnp.float32)).reshape(B, T, H, d)
     lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)[..., 0]
-    return o.astype(jnp.bfloat16 if jnp.dtype(q_BTHd.dtype).itemsize == 1 else q_BTHd.dtype), lse.reshape(B, H, T)
+    return o.astype(_out_dtype(q_BTHd.dtype)), lse.reshape(B, H, T)
 
 
 def main(argv=None) -> None:
