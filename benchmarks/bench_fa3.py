@@ -14,10 +14,13 @@ path, with an XLA op for the tiles' bounds before the kernel);
 variants in the same process: one CTA per tile (``specjax_grid``) and the persistent grid
 (``specjax_persistent``, ``num_ctas`` = the device's SM count), and ``specjax_overlap``:
 ``overlap_config(hd, S)``, default_config's schedule with FA3's intra-warpgroup overlap (block_kv
-capped to fit registers: hd64 256 -> 128). Writes
+capped to fit registers: hd64 256 -> 128). ``--fp8``: float8_e4m3fn rows instead (hd x causal x S,
+the stretch row hd 256 16k among them): ``specjax`` / ``specjax_kend`` are the FP8 forward
+(``fp8_config``; bfloat16 O; the time includes the XLA transpose of V to V^T before the kernel),
+``cudnn`` and ``specjax_bf16`` (``default_config``) the same values in bfloat16. Writes
 ``benchmarks/results/fa3_<device>_<date><tag>.{json,md}`` (or under ``--out``). Needs a GPU.
 
-    PYTHONPATH=. python3 benchmarks/bench_fa3.py [--quick] [--variants] [--tag _x] [--out DIR]
+    PYTHONPATH=. python3 benchmarks/bench_fa3.py [--quick] [--variants] [--fp8] [--tag _x] [--out DIR]
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import jax.numpy as jnp
 from jax.experimental.mosaic.gpu import profiler
 
 from common import device_name
-from pallas_kernels.flash_attention import default_config, flash_attention_fwd, key_end, overlap_config
+from pallas_kernels.flash_attention import default_config, flash_attention_fwd, fp8_config, key_end, overlap_config
 from specjax.files import atomic_write_text
 
 
@@ -48,7 +51,9 @@ def _mgpu(causal: bool, hd: int):
     return functools.partial(am.attention, config=cfg)
 
 
-IMPLS = ("specjax", "specjax_kend", "specjax_grid", "specjax_persistent", "specjax_overlap", "cudnn", "jax_mgpu")
+IMPLS = ("specjax", "specjax_kend", "specjax_grid", "specjax_persistent", "specjax_overlap", "specjax_bf16", "cudnn",
+         "jax_mgpu")
+F8 = jnp.float8_e4m3fn
 VARIANTS = ("specjax_grid", "specjax_persistent", "specjax_overlap")  # timed with --variants only
 
 
@@ -57,6 +62,14 @@ def _impls(S: int, hd: int, causal: bool, dtype, persistent_ctas: int | None):
     mask = "top_left" if causal else "none"
     kend = key_end(B, S, S, causal=mask)
     specjax = lambda cfg: jax.jit(lambda q, k, v: flash_attention_fwd(q, k, v, causal=mask, config=cfg)[0])
+    if dtype == F8:  # the FP8 forward on e4m3 values; cuDNN and the bf16 kernel on the same values
+        bf16 = jax.jit(lambda q, k, v: flash_attention_fwd(q, k, v, causal=mask, config=default_config(hd, S, causal))[0])
+        return (B, S, H, hd), {
+            "specjax": specjax(fp8_config(hd)),
+            "specjax_kend": jax.jit(lambda q, k, v: flash_attention_fwd(q, k, v, kend, config=fp8_config(hd))[0]),
+            "specjax_bf16": bf16,
+            "cudnn": jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
+                                                                          implementation="cudnn"))}
     tuned = default_config(hd, S, causal)  # the tuned pick (the model's dispatch passes causal)
     impls = {
         "specjax": specjax(tuned),
@@ -92,14 +105,14 @@ def measure_row(impls: dict, args, iters: int, rounds: int, measure=_measure) ->
     and reversed in odd ones, so none is always timed first in its row: in the tables up to v14
     (specjax always first) several rows ran up to ~10 % below their probe figures for specjax and up
     to ~5 % for cuDNN (pallas_kernels/NOTES.md v15; the order is a suspect, not a proven cause). One
-    that fails once is None."""
+    that fails once is None. ``args``: one tuple for all, or ``{name: tuple}``."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1 (timing rounds per row), got {rounds}")
     names, times = list(impls), {n: [] for n in impls}
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
             if times[name] is not None:
-                t = measure(impls[name], args, iters)
+                t = measure(impls[name], args[name] if isinstance(args, dict) else args, iters)
                 times[name] = None if t is None else times[name] + [t]
     return times
 
@@ -118,6 +131,9 @@ def main(argv=None) -> None:
                          "grid (specjax_persistent), at the untuned base blocks; specjax is default_config's "
                          "pick (TUNED); and specjax_overlap: default_config's schedule with intra-warpgroup "
                          "overlap")
+    ap.add_argument("--fp8", action="store_true",
+                    help="float8_e4m3fn rows (the FP8 forward) instead of bf16 / fp16, cuDNN and the bf16 kernel "
+                         "on the same values beside")
     ap.add_argument("--num-ctas", type=int, default=None,
                     help="persistent grid size (default: the device's SM count, else 132)")
     args = ap.parse_args(argv)
@@ -130,19 +146,24 @@ def main(argv=None) -> None:
     ctas = (args.num_ctas or getattr(dev, "core_count", None) or 132) if args.variants else None
     seqs = (1024, 16384) if args.quick else (512, 1024, 2048, 4096, 8192, 16384)
     hds = (128,) if args.quick else (64, 128, 256)
-    grid = [(S, hd, c, dt) for dt in (jnp.bfloat16, jnp.float16) for hd in hds for c in (False, True)
-            for S in seqs]
+    grid = [(S, hd, c, dt) for dt in ((F8,) if args.fp8 else (jnp.bfloat16, jnp.float16)) for hd in hds
+            for c in (False, True) for S in seqs]
     key = jax.random.key(0)
     jobs = []
     for S, hd, causal, dtype in grid:
         shape, impls = _impls(S, hd, causal, dtype, ctas)
         key, *ks = jax.random.split(key, 4)
-        qkv = [jax.random.normal(kk, shape, dtype) for kk in ks]
+        qkv = [jax.random.normal(kk, shape, jnp.bfloat16 if dtype == F8 else dtype) for kk in ks]
+        if dtype == F8:  # e4m3 values; the bfloat16 implementations get the same values
+            q8 = [x.astype(F8) for x in qkv]
+            q16 = [x.astype(jnp.bfloat16) for x in q8]
+            qkv = {n: q16 if n in ("cudnn", "specjax_bf16") else q8 for n in impls}
         jobs.append(((S, hd, causal, dtype), shape, impls, qkv))
+    args_of = lambda qkv, n: qkv[n] if isinstance(qkv, dict) else qkv
     with cf.ThreadPoolExecutor(8) as pool:  # compile everything in parallel first
-        list(pool.map(lambda j: [_try_compile(f, j[3]) for f in j[2].values()], jobs))
+        list(pool.map(lambda j: [_try_compile(f, args_of(j[3], n)) for n, f in j[2].items()], jobs))
     rows = []
-    columns = [n for n in IMPLS if ctas or n not in VARIANTS]
+    columns = [n for n in IMPLS if (ctas or n not in VARIANTS) and (args.fp8 or n != "specjax_bf16")]
     for (S, hd, causal, dtype), (B, _, H, _), impls, qkv in jobs:
         flops = 4 * B * S * S * H * hd / (2 if causal else 1)
         row = {"S": S, "hd": hd, "causal": causal, "dtype": jnp.dtype(dtype).name}
@@ -187,6 +208,13 @@ def _write(rows, dev, out_dir, command, quiet=False, persistent_ctas=None, tag="
                   + f"{fmt(r['cudnn_tflops'])} | {fmt(r['jax_mgpu_tflops'])} | "
                   f"{ratio(r['specjax_tflops'], r['cudnn_tflops'])} | "
                   f"{ratio(r.get('specjax_kend_tflops'), r['cudnn_tflops'])} |" + ov)
+    if any(r["dtype"] == "float8_e4m3fn" for r in rows):  # --fp8: the bf16 kernel beside, no attention_mgpu
+        md = ["| dtype | hd | causal | S | specjax FP8 | k_end array | specjax bf16 | cuDNN bf16 | FP8/cuDNN | "
+              "FP8/specjax bf16 |", "|---|---|---|---|---|---|---|---|---|---|"]
+        md += [f"| {r['dtype']} | {r['hd']} | {r['causal']} | {r['S']} | {fmt(r['specjax_tflops'])} | "
+               f"{fmt(r.get('specjax_kend_tflops'))} | {fmt(r.get('specjax_bf16_tflops'))} | {fmt(r['cudnn_tflops'])} | "
+               f"{ratio(r['specjax_tflops'], r['cudnn_tflops'])} | "
+               f"{ratio(r['specjax_tflops'], r.get('specjax_bf16_tflops'))} |" for r in rows]
     for path, text in ((base + ".json", json.dumps(doc, indent=1)),
                        (base + ".md", f"{dev.device_kind}, jax {jax.__version__}, {date}, TFLOPS "
                         f"(median of {rounds} timing rounds)\n\n"

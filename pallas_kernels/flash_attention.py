@@ -358,13 +358,14 @@ def overlap_config(head_dim: int, kv_len: int | None = None, causal: bool = Fals
 
 
 def fp8_config(head_dim: int) -> TuningConfig:
-    """The float8_e4m3fn forward's config, not tuned (no GPU measurement yet: NOTES v20): the
-    persistent grid with 128-key blocks, two K/V stages at hd 64 / 128; at hd 256 one stage with the
-    wgmmas in turns (cuDNN's hd 256 form), since two 128-key stages, P and the bfloat16 O tiles
-    overflow 227 KiB there."""
+    """The float8_e4m3fn forward's config, tuned on an H200 (NOTES v21,
+    ``results/fa3_fp8_diag_H200_2026-12-02.txt``): P in registers (``fp8_p_in_regs``: 5-9 % over P
+    through SMEM on every row probed), the balanced persistent grid; hd 64 / 128: 256-key blocks in two
+    stages; hd 256: 128-key blocks in one stage with the wgmmas in turns (two 128-key stages and the
+    bfloat16 O tiles overflow 227 KiB there)."""
     one = head_dim > 128
-    return TuningConfig(block_kv=128, num_stages=1 if one else 2, alternate_gemms=one, persistent=True,
-                        num_ctas=_sm_count())
+    return TuningConfig(block_kv=128 if one else 256, num_stages=1 if one else 2, alternate_gemms=one,
+                        persistent=True, balanced=True, fp8_p_in_regs=True, num_ctas=_sm_count())
 
 
 def with_overlap(cfg: TuningConfig, head_dim: int) -> TuningConfig:
