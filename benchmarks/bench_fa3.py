@@ -16,7 +16,7 @@ variants in the same process: one CTA per tile (``specjax_grid``) and the persis
 ``overlap_config(hd, S)``, default_config's schedule with FA3's intra-warpgroup overlap (block_kv
 capped to fit registers: hd64 256 -> 128). ``--fp8``: float8_e4m3fn rows instead (hd x causal x S,
 the stretch row hd 256 16k among them): ``specjax`` / ``specjax_kend`` are the FP8 forward
-(``fp8_config``; bfloat16 O; the time includes the XLA transpose of V to V^T before the kernel),
+(``fp8_config(hd, S, causal)``; bfloat16 O; the time includes the XLA transpose of V to V^T before the kernel),
 ``cudnn`` and ``specjax_bf16`` (``default_config``) the same values in bfloat16. Writes
 ``benchmarks/results/fa3_<device>_<date><tag>.{json,md}`` (or under ``--out``). Needs a GPU.
 
@@ -63,11 +63,11 @@ def _impls(S: int, hd: int, causal: bool, dtype, persistent_ctas: int | None):
     kend = key_end(B, S, S, causal=mask)
     specjax = lambda cfg: jax.jit(lambda q, k, v: flash_attention_fwd(q, k, v, causal=mask, config=cfg)[0])
     if dtype == F8:  # the FP8 forward on e4m3 values; cuDNN and the bf16 kernel on the same values
-        bf16 = jax.jit(lambda q, k, v: flash_attention_fwd(q, k, v, causal=mask, config=default_config(hd, S, causal))[0])
+        f8 = fp8_config(hd, S, causal)
         return (B, S, H, hd), {
-            "specjax": specjax(fp8_config(hd)),
-            "specjax_kend": jax.jit(lambda q, k, v: flash_attention_fwd(q, k, v, kend, config=fp8_config(hd))[0]),
-            "specjax_bf16": bf16,
+            "specjax": specjax(f8),
+            "specjax_kend": jax.jit(lambda q, k, v: flash_attention_fwd(q, k, v, kend, config=f8)[0]),
+            "specjax_bf16": specjax(default_config(hd, S, causal)),
             "cudnn": jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
                                                                           implementation="cudnn"))}
     tuned = default_config(hd, S, causal)  # the tuned pick (the model's dispatch passes causal)

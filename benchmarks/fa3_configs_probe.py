@@ -93,7 +93,7 @@ def main(argv=None):
             for lab in a.configs.split(","):
                 try:
                     if lab.split("/")[0] == "default":
-                        base = m.fp8_config(hd) if fp8 else m.default_config(hd, S, causal)
+                        base = m.fp8_config(hd, S, causal) if fp8 else m.default_config(hd, S, causal)
                         cfg = dataclasses.replace(base, **label_fields(lab.split("/")[1:], lab))
                     else:
                         cfg = parse_label(lab, sms, m.TuningConfig)

@@ -357,15 +357,15 @@ def overlap_config(head_dim: int, kv_len: int | None = None, causal: bool = Fals
     return with_overlap(default_config(head_dim, kv_len, causal), head_dim)
 
 
-def fp8_config(head_dim: int) -> TuningConfig:
-    """The float8_e4m3fn forward's config, tuned on an H200 (NOTES v21,
-    ``results/fa3_fp8_diag_H200_2026-12-02.txt``): P in registers (``fp8_p_in_regs``: 5-9 % over P
-    through SMEM on every row probed), the balanced persistent grid; hd 64 / 128: 256-key blocks in two
-    stages; hd 256: 128-key blocks in one stage with the wgmmas in turns (two 128-key stages and the
-    bfloat16 O tiles overflow 227 KiB there)."""
-    one = head_dim > 128
-    return TuningConfig(block_kv=128 if one else 256, num_stages=1 if one else 2, alternate_gemms=one,
-                        persistent=True, balanced=True, fp8_p_in_regs=True, num_ctas=_sm_count())
+def fp8_config(head_dim: int, kv_len: int | None = None, causal: bool = False) -> TuningConfig:
+    """The float8_e4m3fn forward's config, tuned on an H200 (NOTES v21, ``results/fa3_fp8_*``): P in
+    registers (``fp8_p_in_regs``: 5-9 % over P through SMEM on every row probed; without P tiles two
+    128-key stages fit at hd 256), the balanced persistent grid, two K/V stages; 128-key blocks at
+    hd 256 and on the short rows (``kv_len`` <= 1024) at hd 64 and causal hd 128, 256-key blocks
+    elsewhere."""
+    short = kv_len is not None and kv_len <= 1024 and (head_dim <= 64 or causal)
+    return TuningConfig(block_kv=128 if head_dim > 128 or short else 256, num_stages=2, persistent=True,
+                        balanced=True, fp8_p_in_regs=True, num_ctas=_sm_count())
 
 
 def with_overlap(cfg: TuningConfig, head_dim: int) -> TuningConfig:
@@ -1130,7 +1130,7 @@ def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT=None, *, causal: str | N
     ``kend_BT`` (``key_end``: any lengths and offsets) or ``causal``, one of ``STATIC_MASKS``, which is
     ``key_end(B, T, S, causal=causal)`` computed inside the kernel: no XLA op before it and no
     ``k_end`` loads in it, with the same outputs. ``config`` defaults to ``default_config(d, S, causal)``
-    with ``causal`` true for a causal static mask; with ``kend_BT`` to the non-causal tuning, so causal
+    (``fp8_config(d, S, causal)`` for float8) with ``causal`` true for a causal static mask; with ``kend_BT`` to the non-causal tuning, so causal
     callers of that form pass ``default_config(d, S, causal=True)`` (the mask itself always comes from
     ``kend_BT`` or ``causal``)."""
     if (kend_BT is None) == (causal is None) or (causal is not None and causal not in STATIC_MASKS):
@@ -1140,7 +1140,8 @@ def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT=None, *, causal: str | N
     (B, T, H, d), (S, G) = q_BTHd.shape, k_BSGd.shape[1:3]
     _check(q_BTHd, k_BSGd, v_BSGd, jax.ShapeDtypeStruct((B, T), jnp.int32) if kend_BT is None else kend_BT)
     itemsize = jnp.dtype(q_BTHd.dtype).itemsize
-    cfg = config or (fp8_config(d) if itemsize == 1 else default_config(d, S, causal=causal not in (None, "none")))
+    is_causal = causal not in (None, "none")
+    cfg = config or (fp8_config(d, S, is_causal) if itemsize == 1 else default_config(d, S, causal=is_causal))
     cfg.check_head_dim(d, itemsize)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     rows = cfg.rows
