@@ -12,5 +12,5 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false
 step mma 60 14 python3 benchmarks/fp8_mma_probe.py
 step gpu_tests 200 30 python3 -m pytest -m gpu tests/test_flash_attention.py -v -rfEs -p no:cacheprovider \
   --tb=short -n 8 -k gpu_fp8
-step bench 200 50 python3 benchmarks/bench_fa3.py --fp8 --tag _fp8 --out "$OUT"
+step bench 200 50 python3 benchmarks/bench_fa3.py --fp8 --tag ${TAG:-_fp8} --out "$OUT"
 true
