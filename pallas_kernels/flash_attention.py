@@ -1132,9 +1132,9 @@ def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT=None, *, causal: str | N
     ``kend_BT`` (``key_end``: any lengths and offsets) or ``causal``, one of ``STATIC_MASKS``, which is
     ``key_end(B, T, S, causal=causal)`` computed inside the kernel: no XLA op before it and no
     ``k_end`` loads in it, with the same outputs. ``config`` defaults to ``default_config(d, S, causal)``
-    (``fp8_config(d, S, causal)`` for float8) with ``causal`` true for a causal static mask; with ``kend_BT`` to the non-causal tuning, so causal
-    callers of that form pass ``default_config(d, S, causal=True)`` (the mask itself always comes from
-    ``kend_BT`` or ``causal``)."""
+    (``fp8_config(d, S, causal)`` for float8) with ``causal`` true for a causal static mask; with
+    ``kend_BT`` to the non-causal tuning, so causal callers of that form pass ``default_config(d, S,
+    causal=True)`` (the mask itself always comes from ``kend_BT`` or ``causal``)."""
     if (kend_BT is None) == (causal is None) or (causal is not None and causal not in STATIC_MASKS):
         raise ValueError(f"pass either kend_BT (a [B, T] int32 array, see key_end) or causal, one of "
                          f"{STATIC_MASKS}; got kend_BT {'None' if kend_BT is None else 'given'}, "
