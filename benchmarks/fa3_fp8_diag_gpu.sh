@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call (<= 10 min), from the repo root, carrying .whl (pytest-xdist, execnet for nothing here; gguf):
+# One device call (<= 10 min), from the repo root, carrying .whl (installs what it holds; nothing here needs it):
 #   bash benchmarks/fa3_fp8_diag_gpu.sh
 # NOTES v21: session 36's first FP8 run passed the float32-reference check everywhere but missed the
 # exact-dot P-rounded model by ~0.5 % at hd 128 / 256. This call measures the 8-bit wgmma's accumulator

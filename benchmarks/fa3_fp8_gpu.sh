@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # One device call (<= 10 min), from the repo root, carrying .whl (gguf, pytest-xdist, execnet):
 #   bash benchmarks/fa3_fp8_gpu.sh
-# NOTES v20: the float8_e4m3fn forward (built and CPU-checked in session 35, never run on a GPU before this
-# script): its GPU tests (48: hd x schedule x P in SMEM or registers x mask, against the float32 reference and
-# the P-rounded softmax),
+# NOTES v20 / v21: the float8_e4m3fn forward's first GPU call (session 36: results/fa3_fp8_first_H200_2026-12-02.txt,
+# with v20's 48 tests; the tests and fp8_config have changed since, fa3_fp8_final_gpu.sh is the current call): its GPU tests,
 # then TFLOPS of fp8_config and a few other block shapes on the issue's stretch row (hd 256 16k, >= 1.0 PFLOPS)
 # and the other 16k rows, cuDNN (bfloat16, same values) beside, ptxas spills counted; then the bf16 defaults on
 # the same rows in a second process. TFLOPS include the XLA transpose of V before the kernel. Log:
