@@ -517,6 +517,20 @@ def test_fp8_keys_permuted_follow_the_register_fragment():
     np.testing.assert_array_equal(got, want)
 
 
+def test_fp8_mma_probe_in_the_interpreter(monkeypatch):
+    """``benchmarks/fp8_mma_probe.py``'s wgmma chain (what measured the 8-bit accumulator on a GPU,
+    NOTES v21) in the interpreter, whose float32 dots lose nothing on these values: each call adds
+    onto the same accumulator, B is read K-major, and the output is the exact sum."""
+    import pathlib
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    from fp8_mma_probe import N, mma_chain
+    rng = np.random.default_rng(0)
+    a, b = rng.choice([-1.5, -1, -0.5, 0.5, 1, 1.5], (2, 64, 128)), rng.choice([-2, -1, 0.25, 1], (2, N, 128))
+    with plgpu.force_gpu_interpret_mode():
+        got = np.asarray(mma_chain(jnp.asarray(a, F8), jnp.asarray(b, F8)))
+    np.testing.assert_array_equal(got, np.einsum("cmk,cnk->mn", a, b))
+
+
 def test_fp8_config_validation():
     """The FP8 form stages P and O in SMEM of their own: no overlap, spare Q tile or O through Q."""
     for hd in (64, 128, 256):
