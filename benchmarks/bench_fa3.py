@@ -99,6 +99,11 @@ def _measure(fn, args, iters: int) -> float | None:
         return None
 
 
+def _args_for(args, name: str):
+    """``args`` as one tuple for every implementation, or ``{name: tuple}`` (--fp8: bf16 copies for some)."""
+    return args[name] if isinstance(args, dict) else args
+
+
 def measure_row(impls: dict, args, iters: int, rounds: int, measure=_measure) -> dict:
     """``{name: [ms of each round] or None}`` from ``measure(fn, args, iters)``; the table reports the
     median and keeps the rounds. The implementations take turns, in ``impls``' order in even rounds
@@ -112,7 +117,7 @@ def measure_row(impls: dict, args, iters: int, rounds: int, measure=_measure) ->
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
             if times[name] is not None:
-                t = measure(impls[name], args[name] if isinstance(args, dict) else args, iters)
+                t = measure(impls[name], _args_for(args, name), iters)
                 times[name] = None if t is None else times[name] + [t]
     return times
 
@@ -159,9 +164,8 @@ def main(argv=None) -> None:
             q16 = [x.astype(jnp.bfloat16) for x in q8]
             qkv = {n: q16 if n in ("cudnn", "specjax_bf16") else q8 for n in impls}
         jobs.append(((S, hd, causal, dtype), shape, impls, qkv))
-    args_of = lambda qkv, n: qkv[n] if isinstance(qkv, dict) else qkv
     with cf.ThreadPoolExecutor(8) as pool:  # compile everything in parallel first
-        list(pool.map(lambda j: [_try_compile(f, args_of(j[3], n)) for n, f in j[2].items()], jobs))
+        list(pool.map(lambda j: [_try_compile(f, _args_for(j[3], n)) for n, f in j[2].items()], jobs))
     rows = []
     columns = [n for n in IMPLS if (ctas or n not in VARIANTS) and (args.fp8 or n != "specjax_bf16")]
     for (S, hd, causal, dtype), (B, _, H, _), impls, qkv in jobs:

@@ -8,15 +8,14 @@ had matched it to 1.6e-3. SageAttention2 reports that mma(f32.f8.f8.f32) on Hopp
 
   row r of A holds 1.0 at key 0 and a small value t at key ``k_r`` (1: the same 32-key wgmma
   instruction, 32: the next instruction, 128: the next wgmma call), B's column n scales key k_r by
-  2^-(n % 10) (e4m3 subnormals reach 2^-9); so out[r, n] - 1 = t * 2^-(n % 10) exactly in float32 if the hardware kept every bit.
+  2^-(n % 10) (e4m3 subnormals reach 2^-9); so out[r, n] - 1 = t * 2^-(n % 10), exact in float32,
+  if the hardware kept every bit.
 
 It prints, for each placement and sign, which rounding of the exact sum (toward zero or to nearest, to
 b mantissa bits of the running sum) explains every entry. Run on a Hopper GPU:
   python3 benchmarks/fp8_mma_probe.py
 """
 from __future__ import annotations
-
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +33,7 @@ def _smem(shape):
     return plgpu.SMEM(shape, F8, transforms=(tiling, plgpu.SwizzleTransform(128)))
 
 
-@functools.partial(jax.jit, static_argnames=())
+@jax.jit
 def mma_chain(a_CMK, b_CNK):
     """sum_c A_c B_c^T in one wgmma accumulator (zero-initialised), as float32 [64, N]."""
     C, M, K = a_CMK.shape
