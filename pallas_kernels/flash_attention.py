@@ -361,7 +361,7 @@ def overlap_config(head_dim: int, kv_len: int | None = None, causal: bool = Fals
 
 def fp8_config(head_dim: int, kv_len: int | None = None, causal: bool = False) -> TuningConfig:
     """The float8_e4m3fn forward's config, tuned on an H200 (NOTES v21, ``results/fa3_fp8_*``): P in
-    registers (``fp8_p_in_regs``: 5-9 % over P through SMEM on every row probed; without P tiles two
+    registers (``fp8_p_in_regs``: 5-12 % over P through SMEM on every row probed; without P tiles two
     128-key stages fit at hd 256), the balanced persistent grid, two K/V stages; 128-key blocks at
     hd 256 and on the short rows (``kv_len`` <= 1024) at hd 64 and causal hd 128, 256-key blocks
     elsewhere."""
