@@ -62,21 +62,14 @@ def _impls(S: int, hd: int, causal: bool, dtype, persistent_ctas: int | None):
     mask = "top_left" if causal else "none"
     kend = key_end(B, S, S, causal=mask)
     specjax = lambda cfg: jax.jit(lambda q, k, v: flash_attention_fwd(q, k, v, causal=mask, config=cfg)[0])
+    kend_form = lambda cfg: jax.jit(lambda q, k, v: flash_attention_fwd(q, k, v, kend, config=cfg)[0])
+    cudnn = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn"))
+    tuned = default_config(hd, S, causal)  # the tuned pick (the model's dispatch passes causal)
     if dtype == F8:  # the FP8 forward on e4m3 values; cuDNN and the bf16 kernel on the same values
         f8 = fp8_config(hd, S, causal)
-        return (B, S, H, hd), {
-            "specjax": specjax(f8),
-            "specjax_kend": jax.jit(lambda q, k, v: flash_attention_fwd(q, k, v, kend, config=f8)[0]),
-            "specjax_bf16": specjax(default_config(hd, S, causal)),
-            "cudnn": jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
-                                                                          implementation="cudnn"))}
-    tuned = default_config(hd, S, causal)  # the tuned pick (the model's dispatch passes causal)
-    impls = {
-        "specjax": specjax(tuned),
-        "specjax_kend": jax.jit(lambda q, k, v: flash_attention_fwd(q, k, v, kend, config=tuned)[0]),
-        "cudnn": jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
-                                                                      implementation="cudnn")),
-    }
+        return (B, S, H, hd), {"specjax": specjax(f8), "specjax_kend": kend_form(f8), "specjax_bf16": specjax(tuned),
+                               "cudnn": cudnn}
+    impls = {"specjax": specjax(tuned), "specjax_kend": kend_form(tuned), "cudnn": cudnn}
     if persistent_ctas:  # both fixed variants, and default_config's schedule with overlap
         impls["specjax_grid"] = specjax(default_config(hd))
         impls["specjax_persistent"] = specjax(
