@@ -5,6 +5,7 @@ checks the output against AR greedy)."""
 
 import dataclasses
 import functools
+import hashlib
 import io
 import json
 import os
@@ -22,7 +23,7 @@ import pytest
 from specjax import cache as kv
 from specjax import model
 from specjax.errors import CheckpointError
-from specjax.heads import eagle3, medusa, medusa_io
+from specjax.heads import eagle3, medusa, medusa_io, shipped
 from training import corpus, data, decontam, losses, recipes, tiny
 from training.eagle3_ttt import ttt_logits
 from training.loop import TrainConfig, train
@@ -540,10 +541,22 @@ def test_train_smollm2_fine_tunes_a_head_on_a_new_corpus(target, dataset, tmp_pa
             "--init-eagle3", str(tmp_path / "head")]
     assert train_smollm2.main(argv) == 0
     res = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert res["preset"]["corpus"]["seed"] == 7 and res["artifacts"]["eagle3"]["init_from"] == str(tmp_path / "head")
-    assert "Fine-tuned from the head in" in (tmp_path / "run" / "export" / "eagle3" / "CARD.md").read_text()
+    rec = res["artifacts"]["eagle3"]
+    sha = hashlib.sha256((tmp_path / "head" / "model.safetensors").read_bytes()).hexdigest()
+    assert res["preset"]["corpus"]["seed"] == 7 and rec["init_from"] == str((tmp_path / "head").resolve())
+    assert rec["init_sha256"] == sha  # names the starting weights even after their folder is overwritten
+    card = (tmp_path / "run" / "export" / "eagle3" / "CARD.md").read_text()
+    assert f"Fine-tuned from the head in `{(tmp_path / 'head').resolve()}` (model.safetensors sha256 {sha};" in card
     _, _, ids_out = eagle3_io.load_eagle3(tmp_path / "run" / "export" / "eagle3", target=cfg)
     np.testing.assert_array_equal(ids_out, ids)  # the draft vocabulary came with the head
+
+
+def test_init_record_names_a_shipped_head_by_its_repo_path():
+    from training import train_smollm2
+    folder = shipped.path("smollm2-135m-instruct", "eagle3")
+    rec = train_smollm2.init_record(str(folder))
+    assert rec["init_from"] == "specjax/shipped/smollm2-135m-instruct/eagle3"
+    assert rec["init_sha256"] == hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
 
 
 def test_specjax_train_cli_trains_and_exports(tmp_path):

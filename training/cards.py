@@ -72,6 +72,10 @@ def _code_source(corpus_meta: dict) -> str:
     return "functions of the Python standard library" + (f" and of {', '.join(packages)}" if packages else "") + pool
 
 
+def _init_sha(rec: dict) -> str:
+    return f"model.safetensors sha256 {rec['init_sha256']}; " if rec.get("init_sha256") else ""
+
+
 def card(kind: str, rec: dict, results: dict) -> str:
     title, what = _WHAT[kind]
     what = what.format(ttt=results["preset"].get("ttt_steps"))
@@ -91,7 +95,8 @@ def card(kind: str, rec: dict, results: dict) -> str:
         f"texts, checked={ov.get('checked')}): dropped {ov.get('dropped_prompts')} prompts, "
         f"{ov.get('dropped_examples')} examples.", "",
         "## Training",
-        (f"Fine-tuned from the head in `{rec['init_from']}` (its weights and draft vocabulary; a fresh optimizer). "
+        (f"Fine-tuned from the head in `{rec['init_from']}` ({_init_sha(rec)}its weights and draft "
+         "vocabulary; a fresh optimizer). "
          if rec.get("init_from") else "") +
         f"{rec['steps']} steps (of {rec.get('planned_steps', rec['steps'])} planned), batch {rec['batch_size']} x "
         f"{rec['seq_len']} tokens, AdamW lr {rec['lr']} (warmup + cosine, global-norm clipping), fp32 master weights, "

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import shutil
 import sys
@@ -125,6 +126,16 @@ def continued_record(prev: dict | None, res, train_s: float) -> dict:
             "final": res.history[-1] if res.history else prev.get("final"), "history": history}
 
 
+def init_record(folder: str) -> dict:
+    """Which head a fine-tune started from: its folder (repo-relative when shipped, since a shipped head is
+    replaced by its fine-tune) and the sha256 of its weights, which name it after the folder has changed."""
+    path = Path(folder).resolve()
+    shown = (Path("specjax/shipped") / path.relative_to(shipped.ROOT.resolve())
+             if path.is_relative_to(shipped.ROOT.resolve()) else path)
+    return {"init_from": str(shown),
+            "init_sha256": hashlib.sha256((path / eagle3_io.WEIGHTS).read_bytes()).hexdigest()}
+
+
 EVAL_RESERVE_S = 75  # export + tau check of one stage, kept free inside --time-budget
 
 
@@ -169,7 +180,7 @@ def run(preset: Preset, out: Path, *, ship: bool, model_path: str | None = None,
                "history": res.history[:: max(1, len(res.history) // 50)], "tau": tau, "num_draft": kd,
                "size_bytes": sum(f.stat().st_size for f in folder.iterdir())}
         if kind == "eagle3" and init_eagle3 is not None:
-            rec["init_from"] = str(init_eagle3)
+            rec |= init_record(init_eagle3)
         rec |= continued_record(earlier.get(kind), res, train_s)
         results["artifacts"][kind] = rec
         atomic_write_text(folder / "CARD.md", cards.card(kind, rec, results))
