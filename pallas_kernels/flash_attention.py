@@ -1206,7 +1206,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--seq", type=int, default=4096)
-    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--head-dim", type=int, default=None, help="default 128 (64 with --small)")
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--schedule", choices=("default", "grid", "persistent"), default="default",
                     help="default: default_config's pick for this length; grid: one CTA per tile")
@@ -1222,15 +1222,22 @@ def main(argv=None) -> None:
                     help="persistent only: the next item's k_end loads one item ahead (TuningConfig.prefetch)")
     ap.add_argument("--no-check", action="store_true",
                     help="skip the float32 reference (XLA's GPU ops; e.g. under compute-sanitizer)")
+    ap.add_argument("--fp8", action="store_true",
+                    help="float8_e4m3fn inputs and fp8_config's pick (P in registers; --schedule grid / "
+                         "persistent keep its blocks and P form)")
     a = ap.parse_args(argv)
-    B, S, d = (1, 300, 64) if a.small else (16384 // a.seq, a.seq, a.head_dim)
+    d = a.head_dim or (64 if a.small else 128)
+    B, S = (1, 300) if a.small else (16384 // a.seq, a.seq)
     H = 2 if a.small else 2048 // d
-    q, k, v = (jax.random.normal(kk, (B, S, H, d), jnp.bfloat16)
+    dtype = jnp.float8_e4m3fn if a.fp8 else jnp.bfloat16
+    q, k, v = (jax.random.normal(kk, (B, S, H, d), jnp.float32).astype(dtype)
                for kk in jax.random.split(jax.random.key(0), 3))
     mask = "top_left" if a.causal else "none"
     kend = key_end(B, S, S, causal=mask)
-    cfg = default_config(d, S, a.causal) if a.schedule == "default" else dataclasses.replace(
-        default_config(d), persistent=a.schedule == "persistent", num_ctas=a.num_ctas)
+    pick = fp8_config if a.fp8 else default_config
+    cfg = pick(d, S, a.causal) if a.schedule == "default" else dataclasses.replace(
+        pick(d, S, a.causal) if a.fp8 else default_config(d), persistent=a.schedule == "persistent",
+        balanced=a.fp8 and a.schedule == "persistent", num_ctas=a.num_ctas)
     if a.overlap:
         cfg = with_overlap(cfg, d)
     if a.spare_q:
@@ -1246,9 +1253,10 @@ def main(argv=None) -> None:
     else:
         ref = flash_attention_reference(*(x.astype(jnp.float32) for x in (q, k, v)), kend)[0]
         check = f"relative error {float(jnp.linalg.norm(o.astype(jnp.float32) - ref) / jnp.linalg.norm(ref)):.2e}"
-    print(f"B={B} S={S} H={H} d={d} causal={a.causal} persistent={cfg.persistent} "
+    print(f"B={B} S={S} H={H} d={d} {jnp.dtype(dtype).name} causal={a.causal} persistent={cfg.persistent} "
           f"overlap={cfg.overlap} spare_q={cfg.spare_q} block_kv={cfg.block_kv} stages={cfg.num_stages} "
-          f"alternate_gemms={cfg.alternate_gemms} prefetch={cfg.prefetch} kernel_mask={cfg.kernel_mask}: {check}")
+          f"alternate_gemms={cfg.alternate_gemms} prefetch={cfg.prefetch} kernel_mask={cfg.kernel_mask} "
+          f"fp8_p_in_regs={cfg.fp8_p_in_regs}: {check}")
     if not a.small:
         from jax.experimental.mosaic.gpu import profiler
         _, ms = profiler.measure(lambda *x: fwd(*x), iterations=20)(q, k, v)
