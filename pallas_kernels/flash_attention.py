@@ -1234,10 +1234,12 @@ def main(argv=None) -> None:
                for kk in jax.random.split(jax.random.key(0), 3))
     mask = "top_left" if a.causal else "none"
     kend = key_end(B, S, S, causal=mask)
-    pick = fp8_config if a.fp8 else default_config
-    cfg = pick(d, S, a.causal) if a.schedule == "default" else dataclasses.replace(
-        pick(d, S, a.causal) if a.fp8 else default_config(d), persistent=a.schedule == "persistent",
-        balanced=a.fp8 and a.schedule == "persistent", num_ctas=a.num_ctas)
+    if a.schedule == "default":
+        cfg = (fp8_config if a.fp8 else default_config)(d, S, a.causal)
+    else:  # float8 keeps fp8_config's blocks and P form (its persistent grid is the balanced one)
+        persistent = a.schedule == "persistent"
+        cfg = dataclasses.replace(fp8_config(d, S, a.causal) if a.fp8 else default_config(d), persistent=persistent,
+                                  balanced=a.fp8 and persistent, num_ctas=a.num_ctas)
     if a.overlap:
         cfg = with_overlap(cfg, d)
     if a.spare_q:
