@@ -1230,7 +1230,7 @@ def main(argv=None) -> None:
     B, S = (1, 300) if a.small else (16384 // a.seq, a.seq)
     H = 2 if a.small else 2048 // d
     dtype = jnp.float8_e4m3fn if a.fp8 else jnp.bfloat16
-    q, k, v = (jax.random.normal(kk, (B, S, H, d), jnp.float32).astype(dtype)
+    q, k, v = (jax.random.normal(kk, (B, S, H, d), jnp.float32 if a.fp8 else dtype).astype(dtype)  # bf16: as before
                for kk in jax.random.split(jax.random.key(0), 3))
     mask = "top_left" if a.causal else "none"
     kend = key_end(B, S, S, causal=mask)
