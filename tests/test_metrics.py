@@ -41,3 +41,20 @@ def test_untimed_prefill_reports_no_ttft_or_itl():
     first, second = m["per_sequence"]
     assert first["itl_s"] is None and first["tokens_per_s"] == pytest.approx(5 / (2.0 * 2 / 4))
     assert second["tokens_per_s"] == pytest.approx(3 / 2.0)
+
+
+def test_per_sequence_rows_equal_one_call_per_sequence():
+    """``summarize`` computes the per-sequence rows over the batch at once: the same dicts as
+    ``acceptance`` and ``latency`` give one sequence at a time."""
+    rng = np.random.default_rng(0)
+    cycles = rng.integers(0, 9, 64)
+    cycles[:3] = 0
+    accepted = np.minimum(rng.integers(0, 9, (64, 3)), cycles[:, None])
+    new = np.maximum(1, cycles * 2 + rng.integers(0, 3, 64))
+    for ttft in (0.25, None):
+        m = metrics.summarize(metrics.SpecStats(3, cycles, accepted, new), ttft_s=ttft, seconds=1.5)
+        lat = metrics.latency(ttft, 1.5, new, cycles)["per_sequence"]
+        for b, row in enumerate(m["per_sequence"]):
+            assert row == {**metrics.acceptance(cycles[b], accepted[b], 3), **lat[b]}, b
+            t = (ttft or 0.0) + (1.5 - (ttft or 0.0)) * cycles[b] / cycles.max()
+            assert row["tokens_per_s"] == float(new[b] / max(t, 1e-9)), b
