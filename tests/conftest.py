@@ -18,7 +18,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("PJRT_NPROC", str(max(8, os.cpu_count() or 1)))
 # XLA's CPU code for AVX2 on every x86-64 host. With AVX-512, XLA vectorises a 5-row interpreted kernel's
 # unrolled row loop otherwise than the 1-row kernel's, so bitwise tests (row m of a verify call == a 1-row
-# decode call) failed by 1 ulp on an AVX-512 host and passed on AVX2 ones: the same code, another vectoriser.
+# decode call) failed by 1 ulp in every run on an AVX-512 host; with AVX2 code they pass there (and passed on
+# the earlier CI hosts): the same kernel, another vectoriser.
 # Pinned, the suite's arithmetic no longer depends on which CI host it lands on (same run time,
 # benchmarks/results/ci_time_cpu_2026-12-02b.txt).
 if platform.machine().lower() in ("x86_64", "amd64") and "xla_cpu_max_isa" not in os.environ.get("XLA_FLAGS", ""):
