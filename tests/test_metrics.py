@@ -43,9 +43,9 @@ def test_untimed_prefill_reports_no_ttft_or_itl():
     assert second["tokens_per_s"] == pytest.approx(3 / 2.0)
 
 
-def test_per_sequence_rows_equal_one_call_per_sequence():
-    """``summarize`` computes the per-sequence rows over the batch at once: the same dicts as
-    ``acceptance`` and ``latency`` give one sequence at a time."""
+def test_per_sequence_rows_follow_the_definitions():
+    """``summarize``'s per-sequence rows, computed over the batch at once, row by row against the
+    definitions in the module doc (sequences with 0 cycles and 1 token included)."""
     rng = np.random.default_rng(0)
     cycles = rng.integers(0, 9, 64)
     cycles[:3] = 0
@@ -53,8 +53,11 @@ def test_per_sequence_rows_equal_one_call_per_sequence():
     new = np.maximum(1, cycles * 2 + rng.integers(0, 3, 64))
     for ttft in (0.25, None):
         m = metrics.summarize(metrics.SpecStats(3, cycles, accepted, new), ttft_s=ttft, seconds=1.5)
-        lat = metrics.latency(ttft, 1.5, new, cycles)["per_sequence"]
         for b, row in enumerate(m["per_sequence"]):
-            assert row == {**metrics.acceptance(cycles[b], accepted[b], 3), **lat[b]}, b
-            t = (ttft or 0.0) + (1.5 - (ttft or 0.0)) * cycles[b] / cycles.max()
-            assert row["tokens_per_s"] == float(new[b] / max(t, 1e-9)), b
+            c, a, n = int(cycles[b]), [int(x) for x in accepted[b]], int(new[b])
+            decode = (1.5 - (ttft or 0.0)) * (c / cycles.max())
+            assert row == {"num_cycles": c, "mean_accepted": 1 + sum(a) / c if c else 0.0,
+                           "acceptance_per_position": [x / max(c, 1) for x in a],
+                           "draft_acceptance_rate": sum(a) / max(3 * c, 1), "num_accepted": sum(a), "num_drafted": 3 * c,
+                           "new_tokens": n, "itl_s": decode / max(n - 1, 1) if ttft else None,
+                           "tokens_per_s": n / max((ttft or 0.0) + decode, 1e-9)}, b
