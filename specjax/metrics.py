@@ -34,7 +34,8 @@ def _ratio(a, b):
 
 def acceptance_rows(cycles_B, accepted_BK, num_draft: int) -> list[dict]:
     """Acceptance metrics of each row (``cycles_B`` [B], ``accepted_BK`` [B, K]), computed over the batch at
-    once (``summarize`` of 49k rows, the sampling tests' batches: 0.14 s; one row at a time 0.49 s)."""
+    once (``summarize`` of 49k rows, the sampling tests' batches: 0.12-0.14 s; one row at a time 0.47-0.49 s,
+    benchmarks/results/ci_time_cpu_2026-12-02b.txt)."""
     cycles_B = np.asarray(cycles_B, np.int64)
     total_B = np.asarray(accepted_BK, np.int64).sum(axis=1)
     tau_B = np.where(cycles_B > 0, 1.0 + _ratio(total_B, cycles_B), 0.0)
