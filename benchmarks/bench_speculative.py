@@ -12,7 +12,7 @@ and how many outputs equal AR greedy in bf16. ``--batches`` adds batch throughpu
 (``trees.json`` beside the head; K in the table is then the node count).
 ``eagle3:7+ttft`` runs a method as two programs with the first token timed (mean ``ttft_ms`` in the JSON;
 ~4 ms more per request than the default one program, benchmarks/NOTES.md item 32).
-``--head own=FOLDER`` makes ``own:K`` in ``--methods`` a Medusa or EAGLE-3 head loaded from FOLDER (kind from
+``--head own=FOLDER`` makes ``own:K`` in ``--methods`` a Medusa or EAGLE-3 head or a draft model loaded from FOLDER (kind from
 its config.json) instead of the shipped one, so two heads are measured against one AR run.
 ``--compute float32`` runs the target with float32 matmul operands (bf16 weights upcast inside each
 product, ``ModelConfig.compute_dtype``). Writes benchmarks/results/spec_<dataset>_<device>_<date>
@@ -38,7 +38,8 @@ PAD = 512  # default prompt width: one compilation per method (--pad 0: the libr
 
 
 def head_option(text: str) -> tuple[str, tuple[str, str]]:
-    """``LABEL=FOLDER`` -> (label, (method, folder)); the method (medusa or eagle3) from FOLDER/config.json."""
+    """``LABEL=FOLDER`` -> (label, (method, folder)); the method (medusa, eagle3 or a draft model) from
+    FOLDER/config.json."""
     label, sep, folder = text.partition("=")
     if not (sep and label):
         raise argparse.ArgumentTypeError(f"--head takes LABEL=FOLDER, got {text!r}")
@@ -46,7 +47,14 @@ def head_option(text: str) -> tuple[str, tuple[str, str]]:
         conf = json.loads((Path(folder) / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise argparse.ArgumentTypeError(f"--head {text!r}: cannot read {folder}/config.json ({e})")
-    return label, ("medusa" if "medusa_num_heads" in conf else "eagle3", folder)
+    if "medusa_num_heads" in conf:
+        return label, ("medusa", folder)
+    if "LlamaForCausalLMEagle3" in conf.get("architectures", ()):
+        return label, ("eagle3", folder)
+    if "LlamaForCausalLM" in conf.get("architectures", ()):
+        return label, ("draft", folder)
+    raise argparse.ArgumentTypeError(f"--head {text!r}: {folder}/config.json is not a Medusa head, an EAGLE-3 head "
+                                     f"(architectures LlamaForCausalLMEagle3) or a draft model (LlamaForCausalLM)")
 
 
 def parse_spec(spec: str) -> tuple[str, int, int | None, bool]:
@@ -146,7 +154,7 @@ def main():
     ap.add_argument("--hf", type=int, default=0, help="also run HF transformers greedy and prompt lookup on the "
                                                       "first N prompts (same budget, EOS on)")
     ap.add_argument("--head", action="append", type=head_option, default=[], metavar="LABEL=FOLDER",
-                    help="a Medusa/EAGLE-3 head folder named LABEL in --methods (e.g. own=/tmp/medusa-own, then own:4)")
+                    help="a Medusa/EAGLE-3 head or draft model folder named LABEL in --methods (e.g. own=/tmp/medusa-own, then own:4)")
     args = ap.parse_args()
     heads = dict(args.head)
     res_heads = {label: folder for label, (_, folder) in heads.items()}

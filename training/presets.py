@@ -84,4 +84,7 @@ PRESETS["h100-diverse"] = dataclasses.replace(PRESETS["h100"], corpus=dataclasse
 # Item 29's run of it (cut to --steps 6500) gave a head equal to the h100-diverse one; the full 13000 steps (item 31,
 # two H200s, ~12 min of training) gave the shipped head, +0.2 tau on MT-bench and HumanEval.
 PRESETS["large"] = dataclasses.replace(PRESETS["h100-diverse"], corpus=dataclasses.replace(
-    PRESETS["h100-diverse"].corpus, n_chat=40960, fixed_width=True), eagle3=_tc(13000, 32, 8e-4, 200, "bfloat16"))
+    PRESETS["h100-diverse"].corpus, n_chat=40960, fixed_width=True), eagle3=_tc(13000, 32, 8e-4, 200, "bfloat16"),
+    # the draft model at the same passes per example as h100's 6000 steps on its 54.6k examples (benchmarks/NOTES.md
+    # item 40; one H200: ~26 steps/s, so corpus + 13000 steps take two device calls)
+    draft=_tc(13000, 32, 5e-4, 200, "bfloat16"))
