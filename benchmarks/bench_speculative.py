@@ -12,8 +12,8 @@ and how many outputs equal AR greedy in bf16. ``--batches`` adds batch throughpu
 (``trees.json`` beside the head; K in the table is then the node count).
 ``eagle3:7+ttft`` runs a method as two programs with the first token timed (mean ``ttft_ms`` in the JSON;
 ~4 ms more per request than the default one program, benchmarks/NOTES.md item 32).
-``--head own=FOLDER`` makes ``own:K`` in ``--methods`` a Medusa or EAGLE-3 head or a draft model loaded from FOLDER (kind from
-its config.json) instead of the shipped one, so two heads are measured against one AR run.
+``--head own=FOLDER`` makes ``own:K`` in ``--methods`` a Medusa or EAGLE-3 head or a draft model loaded from
+FOLDER (kind from its config.json) instead of the shipped one, so two of a kind are measured against one AR run.
 ``--compute float32`` runs the target with float32 matmul operands (bf16 weights upcast inside each
 product, ``ModelConfig.compute_dtype``). Writes benchmarks/results/spec_<dataset>_<device>_<date>
 [_f32compute]<tag>.{json,md} (the suffix and the JSON's ``compute_dtype`` record the mode).
@@ -154,7 +154,8 @@ def main():
     ap.add_argument("--hf", type=int, default=0, help="also run HF transformers greedy and prompt lookup on the "
                                                       "first N prompts (same budget, EOS on)")
     ap.add_argument("--head", action="append", type=head_option, default=[], metavar="LABEL=FOLDER",
-                    help="a Medusa/EAGLE-3 head or draft model folder named LABEL in --methods (e.g. own=/tmp/medusa-own, then own:4)")
+                    help="a Medusa/EAGLE-3 head or draft model folder named LABEL in --methods "
+                         "(e.g. own=/tmp/medusa-own, then own:4)")
     args = ap.parse_args()
     heads = dict(args.head)
     res_heads = {label: folder for label, (_, folder) in heads.items()}
