@@ -5,7 +5,8 @@
 # and B when the working tree is ~12 MB (the shipped safetensors moved out of it for those two calls; session 16).
 #   1. stage NN (carry .carry/pNN), NN = 00..07 (or A): copy that part outside the repo (/root/stage)
 #   2. train1 (carry .carry/p08 (or .carry/pB) .carry/b .whl): join and check the GGUF, corpus + EAGLE-3  (logs to $OUT;
-#      BUNDLE=1 also bundles the artifacts, for a stage that finishes in this call, e.g. ONLY=draft)
+#      and the artifacts exported so far, bundled: a stage cut by --time-budget exports too, and a machine lost
+#      before train2 loses its checkpoint; NOTES item 40)
 #   3. train2 (carry .whl): the rest of the stages named in ONLY; bundle the artifacts to $OUT
 #   (train1 / train2: INIT_EAGLE3=shipped fine-tunes the shipped EAGLE-3 head instead of a random start, CORPUS_SEED=N
 #   builds a corpus of another seed: new Magpie queries and samples; both must be the same in train1 and train2)
@@ -42,7 +43,7 @@ case "$1" in
   train1)
     install_whl; stage_gguf
     timeout "${2:-585}" python3 -m training.train_smollm2 --preset ${PRESET:-h100} --out /root/train --only $ONLY --time-budget ${BUDGET:-540} ${STEPS:+--steps $STEPS} \
-      ${INIT_EAGLE3:+--init-eagle3 $INIT_EAGLE3} ${CORPUS_SEED:+--corpus-seed $CORPUS_SEED} ${BUNDLE:+--bundle $OUT} 2>&1 | tr '\r' '\n' | grep -v "it/s]$" | tee $OUT/train1.log | tail -40 \
+      ${INIT_EAGLE3:+--init-eagle3 $INIT_EAGLE3} ${CORPUS_SEED:+--corpus-seed $CORPUS_SEED} --bundle $OUT 2>&1 | tr '\r' '\n' | grep -v "it/s]$" | tee $OUT/train1.log | tail -40 \
       || echo "train1: exit status $? (124: the time limit)"  # the corpus pieces still go back
     corpus_out ;;
   train2)
