@@ -10,6 +10,7 @@ import io
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -520,6 +521,8 @@ def test_train_smollm2_script_runs_end_to_end_on_a_tiny_target(tmp_path):
         assert held["rows"] == 4 and np.isfinite(held["loss"]) and all(0 <= a <= 1 for a in held["acc_k"])
         card = (tmp_path / "run" / "export" / kind / "CARD.md").read_text()
         assert "tau" in card and "token positions/s" in card  # the issue asks for training throughput
+        assert art["command"] == shlex.join(["python3", "-m", "training.train_smollm2", *argv])
+        assert f"Command: `{art['command']}`" in card  # a card says how to remake its artifact
     assert res["corpus"]["num_examples"] > 0 and res["corpus"]["eval_overlap"]["dropped_examples"] >= 0
     parts = sorted((tmp_path / "b").glob("shipped.tar.part*"))
     with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in parts))) as tar:

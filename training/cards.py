@@ -103,7 +103,8 @@ def card(kind: str, rec: dict, results: dict) -> str:
         f"{results['preset']['dtype']} compute, {rec['train_seconds']} s on {results['hardware']}"
         f"{_throughput(rec)}. Final loss "
         f"{final.get('loss', float('nan')):.3f}; acceptance proxy per offset (head argmax == target argmax): "
-        f"{acc}.{_heldout_line(rec.get('heldout'))}", "",
+        f"{acc}.{_heldout_line(rec.get('heldout'))}" + (f" Command: `{rec['command']}`." if rec.get("command") else ""),
+        "",
         f"## tau (greedy, K={rec['num_draft']}, through specjax's speculative loop, eval set {results['eval_set']})",
         "| set | prompts | tau (mean accepted length) | acceptance per position |", "| --- | --- | --- | --- |",
         *_tau_lines(rec["tau"]), "",

@@ -28,6 +28,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import shlex
 import shutil
 import sys
 import time
@@ -142,7 +143,8 @@ EVAL_RESERVE_S = 75  # export + tau check of one stage, kept free inside --time-
 
 
 def run(preset: Preset, out: Path, *, ship: bool, model_path: str | None = None, only=SHIPPED_KINDS,
-        time_budget: float | None = None, init_eagle3: str | None = None):
+        time_budget: float | None = None, init_eagle3: str | None = None, command: str | None = None):
+    """``command``: the invocation, recorded with each artifact it trains (runs merge into one results.json)."""
     t_start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     if jax.default_backend() != "cpu":  # a rerun after a timeout (same warm machine) skips recompiling
@@ -180,7 +182,7 @@ def run(preset: Preset, out: Path, *, ship: bool, model_path: str | None = None,
                "batch_size": tc.batch_size, "lr": tc.lr, "seq_len": ds.seq_len,
                "final": res.history[-1] if res.history else None, "heldout": res.heldout,
                "history": res.history[:: max(1, len(res.history) // 50)], "tau": tau, "num_draft": kd,
-               "size_bytes": sum(f.stat().st_size for f in folder.iterdir())}
+               "size_bytes": sum(f.stat().st_size for f in folder.iterdir()), "command": command}
         if kind == "eagle3" and init_eagle3 is not None:
             rec |= init_record(init_eagle3)
         rec |= continued_record(earlier.get(kind), res, train_s)
@@ -237,8 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     if not only or not set(only) <= set(KINDS):
         p.error(f"--only takes a comma-separated subset of {', '.join(KINDS)}; got {args.only!r}")
     out = Path(args.out).expanduser() if args.out else assets.home() / "train" / args.preset
+    command = shlex.join(["python3", "-m", "training.train_smollm2", *(sys.argv[1:] if argv is None else argv)])
     run(preset, out, ship=args.ship, model_path=args.model, only=only, time_budget=args.time_budget,
-        init_eagle3=init_eagle3)
+        init_eagle3=init_eagle3, command=command)
     if args.bundle:
         cards.bundle(out / "export", [k for k in only if k in SHIPPED_KINDS], Path(args.bundle))
     return 0
