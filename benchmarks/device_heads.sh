@@ -3,6 +3,8 @@
 # lent GPU machine; each step is one `run` call, the next issued within the 30 s the machine stays warm).
 # The GGUF travels in nine 12 MB parts (benchmarks/device_lib.sh: stage_part, join_gguf), or in two 50 MB parts A
 # and B when the working tree is ~12 MB (the shipped safetensors moved out of it for those two calls; session 16).
+# A bench of the shipped drafters: three 33 MB parts, the tree at ~12 MB (EAGLE-3 / draft safetensors and the SmolLM2
+# logit fixtures moved out; the bench call carries them back in .carry/; NOTES item 40's bench runbook).
 #   1. stage NN (carry .carry/pNN), NN = 00..07 (or A): copy that part outside the repo (/root/stage)
 #   2. train1 (carry .carry/p08 (or .carry/pB) .carry/b .whl): join and check the GGUF, corpus + EAGLE-3  (logs to $OUT;
 #      and the artifacts exported so far, bundled: a stage cut by --time-budget exports too, and a machine lost

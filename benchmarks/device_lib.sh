@@ -58,6 +58,8 @@ stage_part() {
 join_gguf() {
   mkdir -p "$(dirname "$1")"
   # the carried part joins the staged ones (earlier calls' .carry/pNN may still lie in the repo there: same files)
-  [ -f "$1" ] || { mkdir -p /root/stage && cp .carry/p*/smol.part* /root/stage/ && cat /root/stage/smol.part* > "$1"; }
+  # (a call may carry no part when all were staged: the tree plus a 25 MB part leaves no room for other carries)
+  [ -f "$1" ] || { mkdir -p /root/stage && { cp .carry/p*/smol.part* /root/stage/ 2>/dev/null || true; } \
+    && cat /root/stage/smol.part* > "$1"; }
   echo "$GGUF_SHA256  $1" | sha256sum -c - || { rm -f "$1"; return 1; }
 }
