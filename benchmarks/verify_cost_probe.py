@@ -22,7 +22,12 @@
    ``verify_cost_probe_H200_2026-11-27_ar.txt`` came from commit 508409e, where ``_generate`` took the
    choice as a static argument instead; the programs compared are the same. ``--ar-unroll 2,4`` adds the
    static-greedy loop with 2 and 4 steps per ``while_loop`` iteration (``_generate(unroll=...)``).
-Results: ``results/verify_cost_probe_H200_2026-11-27{,_ar,_unroll,_reduce,_tiling}.txt`` (benchmarks/NOTES.md items 18-19).
+4. ``--drafters draft``: a random distilled draft model of ``--draft-layers`` layers (the shipped one's shape: 2,
+   SmolLM2's width, the full 49152-token LM head); its ``forward`` at T=1 and T=2 (a cycle's first draft step
+   re-feeds one token) is timed as in 1., and its cycle as in 2.: cycle(K) = one 2-token + (K-1) 1-token draft
+   steps + forward(K+1) + bookkeeping (benchmarks/NOTES.md item 40).
+Results: ``results/verify_cost_probe_H200_2026-11-27{,_ar,_unroll,_reduce,_tiling}.txt`` (benchmarks/NOTES.md items 18-19);
+``results/verify_cost_probe_H200_2026-12-04_draft.txt`` (the draft model, item 40).
 """
 from __future__ import annotations
 
@@ -42,6 +47,7 @@ from specjax import cache as kv
 from specjax import layers, model, sampling
 from specjax.heads import eagle3
 from specjax.speculative import loop, speculative_generate
+from specjax.speculative.drafters.draft_model import DraftModel
 from specjax.speculative.drafters.eagle3 import Eagle3
 from specjax.speculative.drafters.ngram import NGram
 
@@ -73,14 +79,15 @@ def patched_linear(on: bool):
         layers.linear = model.linear = ORIGINAL_LINEAR
 
 
-def forward_ms(params, cfg, T: int, options, lo: int = 40, hi: int = 160, repeats: int = 3) -> float:
+def forward_ms(params, cfg, T: int, options, lo: int = 40, hi: int = 160, repeats: int = 3,
+               taps=(2, 15, 27)) -> float:
     cache = kv.set_lengths(kv.init_cache(cfg, 1, 512, jnp.bfloat16), jnp.array([256], jnp.int32))
     toks = jnp.arange(T, dtype=jnp.int32)[None] + 7
 
     @functools.partial(jax.jit, compiler_options=options)
     def loop(params, cache, n):
         def body(i, c):
-            logits, _, c2 = model.forward(params, cfg, toks, c, taps=(2, 15, 27))
+            logits, _, c2 = model.forward(params, cfg, toks, c, taps=taps)
             return kv.set_lengths(c2, c.lengths_B + (logits[0, 0, 0] > 1e9).astype(jnp.int32))
         return jax.lax.fori_loop(0, n, body, cache).lengths_B
 
@@ -137,8 +144,9 @@ def main():
     ap.add_argument("--ks", default="3,7")
     ap.add_argument("--ts", default="1,8")
     ap.add_argument("--variants", default="default,triton_gemm_off", help=f"forward variants: {', '.join(VARIANTS)}")
-    ap.add_argument("--drafters", default="eagle3", help="cycles with these drafters (eagle3, ngram; "
+    ap.add_argument("--drafters", default="eagle3", help="cycles with these drafters (eagle3, ngram, draft; "
                     "a suffix +reduce_linear traces them with reduce_linear)")
+    ap.add_argument("--draft-layers", type=int, default=2, help="layers of the random draft model (--drafters draft)")
     ap.add_argument("--spec-unroll", default="1", help="cycles with these cycles per while iteration")
     ap.add_argument("--ar-rounds", type=int, default=2, help="alternating rounds of AR with a static / a traced greedy")
     ap.add_argument("--ar-unroll", default="1", help="also AR (static greedy) with these steps per while iteration")
@@ -166,14 +174,23 @@ def main():
     ecfg = eagle3.Eagle3Config(target=cfg, draft_vocab_size=12288)
     dp = {"params": eagle3.init_params(ecfg, jax.random.key(1), dtype=jnp.bfloat16),
           "draft_ids": jnp.arange(12288, dtype=jnp.int32)}
-    drafters = {"eagle3": (Eagle3(ecfg), dp), "ngram": (NGram(), None)}
+    dcfg = cfg.replace(n_layers=args.draft_layers)
+    drafters = {"eagle3": (Eagle3(ecfg), dp), "ngram": (NGram(), None),
+                "draft": (DraftModel(dcfg), model.init_params(dcfg, jax.random.key(2), dtype=jnp.bfloat16))}
+    if any(d.partition("+")[0] == "draft" for d in args.drafters.split(",")):
+        for T in (1, 2):
+            t0 = time.time()
+            ms = forward_ms(drafters["draft"][1], dcfg, T, None, taps=())
+            print(f"| draft model forward ({args.draft_layers} layers) | T={T} | default | {ms:.4f} | "
+                  f"{time.time() - t0:.0f} |", flush=True)
     original = loop.decode_donating
     for name, K, u in [(d, int(k), int(u)) for u in args.spec_unroll.split(",") for d in args.drafters.split(",")
                        if d for k in args.ks.split(",") if k]:
         t0 = time.time()
         base, _, patch = name.partition("+")  # "eagle3+reduce_linear" -> "eagle3", "reduce_linear"
         if base not in drafters or patch not in ("", "reduce_linear"):
-            raise SystemExit(f"unknown --drafters entry {name!r}: expected eagle3 or ngram, optionally +reduce_linear")
+            raise SystemExit(f"unknown --drafters entry {name!r}: expected eagle3, ngram or draft, "
+                             "optionally +reduce_linear")
         drafter, d_params = drafters[base]
         reduce = patch == "reduce_linear"
         loop.decode_donating = original if u == 1 else unrolled_decode(u)
