@@ -27,7 +27,8 @@
    re-feeds one token) is timed as in 1., and its cycle as in 2.: cycle(K) = one 2-token + (K-1) 1-token draft
    steps + forward(K+1) + bookkeeping (benchmarks/NOTES.md item 40).
 Results: ``results/verify_cost_probe_H200_2026-11-27{,_ar,_unroll,_reduce,_tiling}.txt`` (benchmarks/NOTES.md items 18-19);
-``results/verify_cost_probe_H200_2026-12-04_draft.txt`` (the draft model, item 40).
+``results/verify_cost_probe_H200_2026-12-04_draft.txt`` (the draft model, item 40);
+``results/verify_cost_probe_H200_2026-12-04_obf16.txt`` (``+o_f32``: the attention's output float32, item 41).
 """
 from __future__ import annotations
 
@@ -66,6 +67,19 @@ def reduce_linear(x_BTI, w_OI, compute_dtype="param"):
 
 
 ORIGINAL_LINEAR = layers.linear
+
+
+@contextlib.contextmanager
+def patched_o_f32(on: bool):
+    """The attention's output float32 in the target and the EAGLE-3 head, as before 2026-12-04 (XLA then runs a
+    convert kernel before each o GEMM of T > 1 rows; benchmarks/NOTES.md item 41)."""
+    saved = model.operand_dtype, eagle3.operand_dtype
+    if on:
+        model.operand_dtype = eagle3.operand_dtype = lambda w, compute_dtype="param": jnp.dtype(jnp.float32)
+    try:
+        yield
+    finally:
+        model.operand_dtype, eagle3.operand_dtype = saved
 
 
 @contextlib.contextmanager
@@ -145,7 +159,8 @@ def main():
     ap.add_argument("--ts", default="1,8")
     ap.add_argument("--variants", default="default,triton_gemm_off", help=f"forward variants: {', '.join(VARIANTS)}")
     ap.add_argument("--drafters", default="eagle3", help="cycles with these drafters (eagle3, ngram, draft; "
-                    "a suffix +reduce_linear traces them with reduce_linear)")
+                    "a suffix +reduce_linear traces them with reduce_linear, +o_f32 with the attention's "
+                    "output float32 as before 2026-12-04)")
     ap.add_argument("--draft-layers", type=int, default=2, help="layers of the random draft model (--drafters draft)")
     ap.add_argument("--spec-unroll", default="1", help="cycles with these cycles per while iteration")
     ap.add_argument("--ar-rounds", type=int, default=2, help="alternating rounds of AR with a static / a traced greedy")
@@ -188,15 +203,15 @@ def main():
                        if d for k in args.ks.split(",") if k]:
         t0 = time.time()
         base, _, patch = name.partition("+")  # "eagle3+reduce_linear" -> "eagle3", "reduce_linear"
-        if base not in drafters or patch not in ("", "reduce_linear"):
+        if base not in drafters or patch not in ("", "reduce_linear", "o_f32"):
             raise SystemExit(f"unknown --drafters entry {name!r}: expected eagle3, ngram or draft, "
-                             "optionally +reduce_linear")
+                             "optionally +reduce_linear or +o_f32")
         drafter, d_params = drafters[base]
         reduce = patch == "reduce_linear"
         loop.decode_donating = original if u == 1 else unrolled_decode(u)
         name = name if u == 1 else f"{name} unroll {u}"
         jax.clear_caches()  # retrace with (or without) the patched linear
-        with patched_linear(reduce):
+        with patched_linear(reduce), patched_o_f32(patch == "o_f32"):
             runs = {n: [speculative_generate(params, cfg, prompt, drafter, d_params, num_draft=K, max_new_tokens=n,
                                              eos_token_ids=(), capacity=512) for _ in range(4)][1:] for n in (64, 256)}
         cycles = {n: int(r[0].stats.cycles_B.sum()) for n, r in runs.items()}

@@ -176,7 +176,7 @@ def _store_rows(ref, row_M, val_Md, mask_M):
     """Masked scatter of rows. Masked rows get an out-of-range index as well: the GPU skips them by
     the mask, the interpreter's scatter drops them (a clamped duplicate index could win there)."""
     row_M = jnp.where(mask_M, row_M, ref.shape[0])
-    plgpu.store(_at_rows(ref, row_M), val_Md, mask=_rows2d(mask_M, val_Md.shape[1]))
+    plgpu.store(_at_rows(ref, row_M), val_Md.astype(ref.dtype), mask=_rows2d(mask_M, val_Md.shape[1]))
 
 
 def _row_scale(src_ref, L: _Layout, t_M, mask_M):
@@ -392,9 +392,9 @@ def _combine_kernel(pos_ref, o_ref, m_ref, l_ref, out_ref, *, L: _Layout):
 
 
 # ------------------------------------------------------------------------------------- builder
-def _build(B: int, L: _Layout, cfg: TuningConfig, interpret: bool):
-    """Builder (not a kernel): ``fn(src, pos, [cos, sin,] k, v[, tree bits]) -> o [B, T*H, d]`` float32, plus
-    the updated caches in fused mode."""
+def _build(B: int, L: _Layout, cfg: TuningConfig, interpret: bool, out_dtype=jnp.float32):
+    """Builder (not a kernel): ``fn(src, pos, [cos, sin,] k, v[, tree bits]) -> o [B, T*H, d]`` in ``out_dtype``
+    (the float32 result rounded once, in the last kernel's store), plus the updated caches in fused mode."""
     n_splits = L.n_splits
     tiles = packed_rows(L.R, L.block_m, L.max_queries) // L.block_m
     params = plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -403,7 +403,7 @@ def _build(B: int, L: _Layout, cfg: TuningConfig, interpret: bool):
     in_specs = [per_b(L.T * L.N, L.d), per_b(L.T)] + ([per_b(L.T, L.d)] * 2 if L.fused else []) + [cache_spec] * 2
     if L.tree_offset >= 0:
         in_specs.append(pl.BlockSpec((L.T,), lambda b, g, i, j: (0,)))
-    o_shape = jax.ShapeDtypeStruct((B, L.T * L.H, L.d), jnp.float32)
+    o_shape = jax.ShapeDtypeStruct((B, L.T * L.H, L.d), out_dtype)
     if n_splits == 1:
         out_shape, out_specs = [o_shape], [per_b(L.T * L.H, L.d)]
     else:
@@ -462,6 +462,12 @@ def _check(q_shape, k, v, q_dtype):
         raise ValueError(f"head dim must be 64, 128 or 256, got {d}")
 
 
+def _check_out_dtype(out_dtype):
+    if jnp.dtype(out_dtype) not in (jnp.float32, jnp.bfloat16, jnp.float16):
+        raise ValueError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
+    return jnp.dtype(out_dtype)
+
+
 def _layout(B, T, H, G, N, S, d, config, scale, fused, norm_dim=0, norm_eps=0.0, tree_offset=-1):
     cfg = config or default_config(B, G, H // G, d)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
@@ -472,28 +478,31 @@ def _layout(B, T, H, G, N, S, d, config, scale, fused, norm_dim=0, norm_eps=0.0,
     return L, cfg
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "config", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "config", "interpret", "out_dtype"))
 def decode_attention(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, *, scale: float | None = None,
-                     config: TuningConfig | None = None, interpret: bool = False):
-    """Jitted entry: float32 ``[B, T, H, d]`` attention of T <= 32 queries over the cache.
+                     config: TuningConfig | None = None, interpret: bool = False, out_dtype=jnp.float32):
+    """Jitted entry: ``[B, T, H, d]`` attention of T <= 32 queries over the cache, float32 or rounded to
+    ``out_dtype`` (see ``rope_attention_write``).
 
     ``config`` defaults to ``default_config`` (a function of B, G, R and d: never of T or S).
     ``interpret=True`` runs the kernels in the Pallas interpreter (CPU tests)."""
     (B, T, H, d), (S, G) = q_BTHd.shape, k_BSGd.shape[1:3]
     _check(q_BTHd.shape, k_BSGd, v_BSGd, q_BTHd.dtype)
+    out_dtype = _check_out_dtype(out_dtype)
     if q_pos_BT.shape != (B, T):
         raise ValueError(f"q_pos must be [B, T] = {(B, T)}, got {q_pos_BT.shape}")
     L, cfg = _layout(B, T, H, G, H, S, d, config, scale, fused=False)
-    o = _build(B, L, cfg, interpret)(q_BTHd.reshape(B, T * H, d), q_pos_BT.astype(jnp.int32), k_BSGd, v_BSGd)
+    o = _build(B, L, cfg, interpret, out_dtype)(q_BTHd.reshape(B, T * H, d), q_pos_BT.astype(jnp.int32), k_BSGd,
+                                                v_BSGd)
     return o.reshape(B, T, H, d)
 
 
 @functools.partial(jax.jit, static_argnames=("n_heads", "scale", "config", "interpret", "norm_dim", "norm_eps",
-                                             "tree_offset"))
+                                             "tree_offset", "out_dtype"))
 def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *, n_heads: int,
                          scale: float | None = None, config: TuningConfig | None = None,
                          interpret: bool = False, norm_dim: int = 0, norm_eps: float = 0.0,
-                         tree_bits_T: jax.Array | None = None, tree_offset: int = 0):
+                         tree_bits_T: jax.Array | None = None, tree_offset: int = 0, out_dtype=jnp.float32):
     """Jitted entry, one launch (two with several splits) for a decoder layer's attention over T <= 32
     new tokens per sequence: ``qkv_BTNd`` [B, T, H + 2G, d] is the q|k|v projection before RoPE
     (float32; heads in HF order), ``cos_BTd`` / ``sin_BTd`` the rotate-half tables of positions
@@ -502,6 +511,9 @@ def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *,
     Returns ``(o float32 [B, T, H, d], k_BSGd, v_BSGd)``: the same values as RoPE, ``cache.write``
     and ``decode_attention`` in sequence (``rope_attention_write_reference``), and a query's output
     has the same bits as from ``decode_attention`` given the same roped, rounded q and caches.
+    ``out_dtype`` (float32, bfloat16 or float16) rounds o in the kernel's store: the bits of
+    ``o.astype(out_dtype)``, without the convert kernel XLA would run before a GEMM (the model's o
+    projection rounds its operand to the weights' dtype anyway; benchmarks/NOTES.md item 41).
 
     ``norm_dim > 0`` (RMSNorm folded in, ``specjax.attention.attend_new_tokens(norm=...)``): qkv has one
     more head, [B, T, H + 2G + 1, d], holding each token's sum of squares over the ``norm_dim`` elements of
@@ -523,6 +535,7 @@ def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *,
                          f"start [B]; got qkv {qkv_BTNd.shape}, cos {cos_BTd.shape}, sin {sin_BTd.shape}, "
                          f"start {start_B.shape}")
     _check((B, T, H, d), k_BSGd, v_BSGd, k_BSGd.dtype)
+    out_dtype = _check_out_dtype(out_dtype)
     if tree_bits_T is not None and (tree_bits_T.shape != (T,) or not 0 <= tree_offset <= 32 - T):
         raise ValueError(f"tree_bits must be [T] = [{T}] with 0 <= tree_offset and tree_offset + T <= 32 (bits "
                          f"0..31); got {tree_bits_T.shape}, tree_offset={tree_offset}")
@@ -530,7 +543,7 @@ def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *,
                      tree_offset=-1 if tree_bits_T is None else tree_offset)
     q_pos_BT = start_B.astype(jnp.int32)[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
     bits_in = () if tree_bits_T is None else (jnp.asarray(tree_bits_T, jnp.int32),)
-    o, k_BSGd, v_BSGd = _build(B, L, cfg, interpret)(
+    o, k_BSGd, v_BSGd = _build(B, L, cfg, interpret, out_dtype)(
         qkv_BTNd.astype(jnp.float32).reshape(B, T * N, d), q_pos_BT, cos_BTd.astype(jnp.float32),
         sin_BTd.astype(jnp.float32), k_BSGd, v_BSGd, *bits_in)
     return o.reshape(B, T, H, d), k_BSGd, v_BSGd
@@ -538,10 +551,10 @@ def rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *,
 
 def rope_attention_write_reference(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, *, n_heads: int,
                                    scale: float | None = None, norm_dim: int = 0, norm_eps: float = 0.0,
-                                   tree_bits_T=None, tree_offset: int = 0):
+                                   tree_bits_T=None, tree_offset: int = 0, out_dtype=jnp.float32):
     """Pure jnp (not a kernel): (with ``norm_dim``: the scaling by 1/rms,) RoPE, cache writes, then
     ``decode_attention_reference`` with cache-dtype operands (what the model's XLA path computes), with
-    the tree mask when ``tree_bits_T`` is given."""
+    the tree mask when ``tree_bits_T`` is given; o rounded to ``out_dtype``."""
     H, d = n_heads, qkv_BTNd.shape[-1]
     x = qkv_BTNd.astype(jnp.float32)
     if norm_dim:
@@ -556,7 +569,7 @@ def rope_attention_write_reference(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, s
     tree = None if tree_bits_T is None else (tree_bits_T, start_B - tree_offset)
     o = decode_attention_reference(q.astype(k_BSGd.dtype), k_BSGd, v_BSGd, q_pos_BT, scale=scale,
                                    operand_dtype=k_BSGd.dtype, tree=tree)
-    return o, k_BSGd, v_BSGd
+    return o.astype(out_dtype), k_BSGd, v_BSGd
 
 
 def decode_attention_reference(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, *, scale: float | None = None,

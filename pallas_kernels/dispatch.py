@@ -89,13 +89,13 @@ def tree_bits(visible_TW: np.ndarray) -> np.ndarray | None:
 
 def rope_attend_write(qkv_BTNd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array, cos_BTd: jax.Array,
                       sin_BTd: jax.Array, start_B: jax.Array, n_heads: int, norm: tuple[int, float] | None = None,
-                      tree: tuple[np.ndarray, int] | None = None):
+                      tree: tuple[np.ndarray, int] | None = None, out_dtype=jnp.float32):
     """A decoder layer's attention over T <= 32 new tokens in one kernel: ``(o, k_BSGd, v_BSGd)`` from
     ``rope_attention_write`` (q|k|v before RoPE, [B, T, H + 2G, d] float32; with ``norm=(D, eps)`` one
     more head of sums of squares, see ``specjax.attention.attend_new_tokens``), or None where the decode
     kernel does not apply (then RoPE, ``cache.write`` and ``attend`` run as separate steps).
     ``tree = (visible_TW, offset)``: draft-tree rows (``specjax.attention.tree_mask``), in the kernel while
-    the tree's slots fit its 32 mask bits."""
+    the tree's slots fit its 32 mask bits. ``out_dtype``: o's dtype (``rope_attention_write``)."""
     B, T, N, d = qkv_BTNd.shape
     q_shape = jax.ShapeDtypeStruct((B, T, n_heads, d), k_BSGd.dtype)
     if not (applies_decode(q_shape, k_BSGd, v_BSGd) and decode_kernel_enabled()
@@ -109,7 +109,7 @@ def rope_attend_write(qkv_BTNd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array,
             return None
         extra = dict(tree_bits_T=jnp.asarray(bits), tree_offset=int(tree[1]))
     return rope_attention_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads=n_heads,
-                                norm_dim=norm_dim, norm_eps=norm_eps, **extra)
+                                norm_dim=norm_dim, norm_eps=norm_eps, out_dtype=out_dtype, **extra)
 
 
 def move_rows(arrays: tuple[jax.Array, ...], start_B: jax.Array, rows_BR: jax.Array):

@@ -95,15 +95,17 @@ def attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, compute_dtype: str = "param", mask_
 
 
 def attend_new_tokens(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads: int,
-                      compute_dtype: str = "param", norm: tuple[int, float] | None = None, tree=None):
+                      compute_dtype: str = "param", norm: tuple[int, float] | None = None, tree=None,
+                      out_dtype=jnp.float32):
     """A decoder layer's attention over T new tokens per sequence (positions ``start_B[b] + t``):
     RoPE on q and k, k and v written into the caches at ``start_B``, causal attention.
 
     ``qkv_BTNd`` is the q|k|v projection [B, T, H + 2G, d] (float32, before RoPE); returns
-    ``(o float32 [B, T, H, d], k_BSGd, v_BSGd)``. With ``norm=(D, eps)`` it has one more head,
-    [B, T, H + 2G + 1, d], whose entries are each token's sum of squares over the D elements of the
-    layer's input (``layers.linear_sumsq``), and q|k|v are those of the input not yet divided by its
-    rms: every token's q|k|v is first scaled by RMSNorm's 1/rms (the matmul is linear, so this is the
+    ``(o [B, T, H, d], k_BSGd, v_BSGd)``, o float32 or rounded to ``out_dtype`` (the o projection's operand
+    dtype: the kernel then stores it so, and no convert kernel runs before the o GEMM). With ``norm=(D, eps)``
+    it has one more head, [B, T, H + 2G + 1, d], whose entries are each token's sum of squares over the D
+    elements of the layer's input (``layers.linear_sumsq``), and q|k|v are those of the input not yet divided
+    by its rms: every token's q|k|v is first scaled by RMSNorm's 1/rms (the matmul is linear, so this is the
     norm). On Hopper with T <= 32 (decode, verify, tree rows) and ``compute_dtype="param"`` the steps run as one
     kernel (``pallas_kernels.dispatch.rope_attend_write``); the code below is their definition and runs
     everywhere else. ``tree = (visible_TW, offset)``: the rows are draft-tree nodes (their positions, in
@@ -111,7 +113,8 @@ def attend_new_tokens(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_hea
     kernel takes it as bits while the tree's slots number <= 32)."""
     dispatch = _dispatch()
     if dispatch is not None and compute_dtype == "param":
-        out = dispatch.rope_attend_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads, norm, tree)
+        out = dispatch.rope_attend_write(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_heads, norm, tree,
+                                         out_dtype=out_dtype)
         if out is not None:
             return out
     mask_BTS = None if tree is None else tree_mask(tree[0], start_B - tree[1], k_BSGd.shape[1])
@@ -122,4 +125,5 @@ def attend_new_tokens(qkv_BTNd, k_BSGd, v_BSGd, cos_BTd, sin_BTd, start_B, n_hea
     k_BSGd = kv.write(k_BSGd, apply_rope(qkv_BTNd[:, :, n_heads:n_heads + G], cos_BTd, sin_BTd), start_B)
     v_BSGd = kv.write(v_BSGd, qkv_BTNd[:, :, n_heads + G:], start_B)
     q_pos_BT = start_B[:, None] + jnp.arange(qkv_BTNd.shape[1], dtype=jnp.int32)[None, :]
-    return attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, compute_dtype, mask_BTS), k_BSGd, v_BSGd
+    o_BTHd = attend(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, compute_dtype, mask_BTS).astype(out_dtype)
+    return o_BTHd, k_BSGd, v_BSGd

@@ -82,6 +82,12 @@ def linear(x_BTI: jax.Array, w_OI: jax.Array, compute_dtype: str = "param") -> j
     return jnp.einsum("...i,oi->...o", x_BTI.astype(w_OI.dtype), w_OI, preferred_element_type=jnp.float32)
 
 
+def operand_dtype(w_OI: jax.Array, compute_dtype: str = "param"):
+    """The dtype ``linear(x, w, compute_dtype)`` rounds its input ``x`` to: the weight's, or float32. A producer
+    that rounds to it already (the attention kernel's output) changes no bit and spares XLA a convert."""
+    return jnp.dtype(jnp.float32 if compute_dtype == "float32" else w_OI.dtype)
+
+
 def one_row(x_BTI: jax.Array) -> bool:
     """Whether ``x`` holds a single row (B * T == 1): a decode step at B=1, where XLA computes each
     matmul as a reduction over ``in`` rather than a GEMM."""

@@ -26,7 +26,7 @@ import numpy as np
 from specjax import attention, fused
 from specjax import cache as kv
 from specjax.config import ModelConfig
-from specjax.layers import fold_norm, linear, linear_sumsq, norm_swiglu, rms_norm, rope_tables
+from specjax.layers import fold_norm, linear, linear_sumsq, norm_swiglu, operand_dtype, rms_norm, rope_tables
 
 
 def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32, scale: float = 0.02) -> dict:
@@ -72,18 +72,19 @@ def attention_block(lp: dict, cfg: ModelConfig, x_BTD, cos, sin, k_BSGd, v_BSGd,
     (``attention.attend_new_tokens(norm=...)``): no norm kernel. ``tree``: see ``forward(tree_TT=...)``."""
     B, T, _ = x_BTD.shape
     H, G, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    o_dtype = operand_dtype(lp["wo"], cfg.compute_dtype)  # o comes out rounded as the o projection reads it
     if fold_norm(x_BTD, lp["wqkv"], cfg.compute_dtype) and "bqkv" not in lp:
         qkvs = linear_sumsq(lp["attn_norm"] * x_BTD, lp["wqkv"], x_BTD, copies=d)
         o_BTHd, k_BSGd, v_BSGd = attention.attend_new_tokens(qkvs.reshape(B, T, H + 2 * G + 1, d), k_BSGd,
                                                              v_BSGd, cos, sin, start_B, H, cfg.compute_dtype,
-                                                             norm=(cfg.d_model, cfg.norm_eps))
+                                                             norm=(cfg.d_model, cfg.norm_eps), out_dtype=o_dtype)
     else:
         qkv = linear(rms_norm(x_BTD, lp["attn_norm"], cfg.norm_eps), lp["wqkv"], cfg.compute_dtype)
         if "bqkv" in lp:
             qkv = qkv + lp["bqkv"]
         o_BTHd, k_BSGd, v_BSGd = attention.attend_new_tokens(qkv.reshape(B, T, H + 2 * G, d), k_BSGd, v_BSGd,
                                                              cos, sin, start_B, H, cfg.compute_dtype,
-                                                             tree=tree)
+                                                             tree=tree, out_dtype=o_dtype)
     return linear(o_BTHd.reshape(B, T, H * d), lp["wo"], cfg.compute_dtype), k_BSGd, v_BSGd
 
 

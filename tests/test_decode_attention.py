@@ -272,6 +272,43 @@ def test_fused_norm_rejects_bad_inputs():
         rope_attention_write(*_with_sumsq_head(args), n_heads=6, interpret=True, norm_dim=96)
 
 
+def _assert_out_dtype_rounds_once(args, H, interpret, **kw):
+    """``out_dtype`` gives the bits of the float32 output rounded (one kernel store, no XLA convert), in
+    every config: one split (the split kernel stores o) and several (the combine kernel does); with
+    the norm and tree modes passed through ``kw``. The caches are the same either way."""
+    for name in ("one", "split", "default"):
+        f32 = rope_attention_write(*args, n_heads=H, config=CONFIGS[name], interpret=interpret, **kw)
+        for dt in (jnp.bfloat16, jnp.float16):
+            low = rope_attention_write(*args, n_heads=H, config=CONFIGS[name], interpret=interpret, out_dtype=dt, **kw)
+            assert low[0].dtype == dt and low[0].shape == f32[0].shape
+            np.testing.assert_array_equal(np.asarray(low[0]), np.asarray(f32[0].astype(dt)), err_msg=f"{name} {dt}")
+            for a, b in zip(low[1:], f32[1:]):
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("mode", ["plain", "norm", "tree"])
+def test_interpreter_out_dtype_is_the_rounded_float32_output(mode):
+    B, T, G, R, d, S = 3, 5, 2, 3, 64, 130
+    args = _fused_inputs(11, B, T, G * R, G, d, S, "bfloat16", [0, 61, S - T])
+    kw = {}
+    if mode == "norm":
+        args, kw = _with_sumsq_head(args), dict(norm_dim=96, norm_eps=1e-5)
+    elif mode == "tree":
+        kw = dict(tree_bits_T=jnp.asarray([1, 3, 5, 9, 17], jnp.int32))  # a star: each node sees the root
+    _assert_out_dtype_rounds_once(args, G * R, True, **kw)
+    with pytest.raises(ValueError, match="out_dtype"):
+        rope_attention_write(*args, n_heads=G * R, interpret=True, out_dtype=jnp.int32, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", ["smollm2", "llama3-8b"])
+def test_gpu_out_dtype_is_the_rounded_float32_output(shape):
+    H, G, d = GPU_SHAPES[shape]
+    for B, T, S in ((1, 1, 300), (1, 5, 1024), (3, 8, 2048)):
+        args = _fused_inputs(T + S, B, T, H, G, d, S, "bfloat16", np.linspace(0, S - T, B).astype(int).tolist())
+        _assert_out_dtype_rounds_once(args, H, False)
+
+
 def _assert_fused_steps_equal_verify(args, run):
     """T decode steps (T = 1, each on the caches the previous one wrote) vs one call over the T
     tokens: every output row and the final caches bit for bit."""
@@ -421,6 +458,32 @@ def test_model_attention_routes_to_fused_kernel(monkeypatch):
                                    sds((1, 1, 64), jnp.float32), sds((1,), jnp.int32)))
     # the kernel's source: 11 rows (q|k|v heads + the sum-of-squares head), its scaling inside the kernel
     assert "a:Ref<default>{f32[11,64]}" in normed and "rsqrt" in normed and "dynamic_update_slice" not in normed
+
+
+def test_model_and_head_ask_the_kernel_for_o_in_the_o_projections_dtype(monkeypatch):
+    """Traced only: on Hopper the target's layers (one-row folded step and verify rows) and the EAGLE-3 head
+    have the kernel store o in the o weight's dtype (the operand ``linear`` rounds it to; NOTES item 41)."""
+    from specjax import attention, config, model
+    from specjax.heads import eagle3
+    monkeypatch.setattr(attention, "_use_kernels", lambda: True)
+    monkeypatch.setattr(dispatch, "_gpu_backend", lambda: True)
+    seen, original = [], dispatch.rope_attend_write
+
+    def recording(*args, out_dtype=jnp.float32):
+        seen.append(jnp.dtype(out_dtype))
+        return original(*args, out_dtype=out_dtype)
+    monkeypatch.setattr(dispatch, "rope_attend_write", recording)
+    cfg = config.tiny(d_model=384, n_heads=6, n_kv_heads=2, ffn_dim=512, vocab_size=512, n_layers=2)
+    params = model.init_params(cfg, jax.random.key(0), dtype=jnp.bfloat16)
+    for T in (1, 5):
+        cache = set_lengths(model.kv.init_cache(cfg, 1, 64, jnp.bfloat16), jnp.array([7], jnp.int32))
+        jax.make_jaxpr(lambda t, c: model.forward(params, cfg, t, c)[0])(jnp.ones((1, T), jnp.int32), cache)
+    assert seen == [jnp.dtype(jnp.bfloat16)] * 4, seen
+    hcfg, hparams, embed = _eagle3_head(jnp.bfloat16)
+    cache = set_lengths(eagle3.init_cache(hcfg, 2, 64, jnp.bfloat16), jnp.array([5, 9], jnp.int32))
+    jax.make_jaxpr(lambda t, h, c: eagle3.step(hparams, hcfg, embed, t, h, c))(
+        jnp.ones((2, 8), jnp.int32), jnp.ones((2, 8, 384), jnp.float32), cache)
+    assert seen[-1] == jnp.dtype(jnp.bfloat16) and len(seen) == 5
 
 
 def test_tree_rows_route_to_the_kernel_while_their_slots_fit_its_bits(monkeypatch):

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from specjax import attention
 from specjax import cache as kv
 from specjax.config import ModelConfig
-from specjax.layers import apply_rope, linear, rms_norm, rope_tables, swiglu
+from specjax.layers import apply_rope, linear, operand_dtype, rms_norm, rope_tables, swiglu
 
 
 def default_taps(n_layers: int) -> tuple[int, int, int]:
@@ -131,7 +131,8 @@ def step(params: dict, cfg: Eagle3Config, embed_VD: jax.Array, tokens_BT: jax.Ar
     qkv_BTNd = linear(x, params["wqkv"]).reshape(B, T, c.n_heads + 2 * c.n_kv_heads, c.head_dim)
     # RoPE, the cache writes and attention: one kernel on Hopper for T <= 32 (the target's layers use it too)
     o_BTHd, k_BSGd, v_BSGd = attention.attend_new_tokens(qkv_BTNd, cache.k[0], cache.v[0], cos, sin, start_B,
-                                                         c.n_heads, tree=tree)
+                                                         c.n_heads, tree=tree,
+                                                         out_dtype=operand_dtype(params["wo"]))
     return finish(params, cfg, h_BTD, o_BTHd), kv.KVCache(k=(k_BSGd,), v=(v_BSGd,), lengths_B=start_B + T)
 
 
