@@ -35,8 +35,9 @@ import bench_decode
 import common
 import profile_decode
 from specjax import attention, layers, model
+from specjax import cache as kv
 from specjax.layers import fold_norm, inv_rms, linear
-from verify_cost_probe import forward_ms
+from verify_cost_probe import forward_ms, patched_o_f32
 
 ORIGINAL_BLOCK = model.attention_block
 
@@ -64,7 +65,7 @@ def _block(kind: str):
 
 VARIANTS = {"default": None, "qkv_post": _block("qkv_post"), "qkv_knorm": _block("qkv_knorm"), "o_f32": None,
             "mlp_prenorm": None}
-ORIGINAL_OPERAND_DTYPE, ORIGINAL_NORM_SWIGLU = model.operand_dtype, model.norm_swiglu
+ORIGINAL_NORM_SWIGLU = model.norm_swiglu
 
 
 def prenorm_swiglu(x_BTD, w_norm_D, eps, w_gate_up_2FD, w_down_DF, compute_dtype="param"):
@@ -80,26 +81,26 @@ def variant(name: str):
         model.attention_block = VARIANTS[name]
     if name == "mlp_prenorm":
         model.norm_swiglu = prenorm_swiglu
-    if name == "o_f32":  # the attention's o float32, as before 2026-12-04 (XLA converts it before the o GEMM)
-        model.operand_dtype = lambda w, compute_dtype="param": jnp.dtype(jnp.float32)
     try:
-        yield
+        with patched_o_f32(name == "o_f32"):
+            yield
     finally:
-        model.attention_block, model.operand_dtype = ORIGINAL_BLOCK, ORIGINAL_OPERAND_DTYPE
-        model.norm_swiglu = ORIGINAL_NORM_SWIGLU
+        model.attention_block, model.norm_swiglu = ORIGINAL_BLOCK, ORIGINAL_NORM_SWIGLU
         jax.clear_caches()
 
 
+def half_full_cache(cfg) -> kv.KVCache:
+    """A 512-slot bf16 cache filled to 256, as ``verify_cost_probe.forward_ms`` times the forward against."""
+    return kv.set_lengths(kv.init_cache(cfg, 1, 512, jnp.bfloat16), jnp.array([256], jnp.int32))
+
+
 def one_forward(params, cfg, T):
-    from specjax import cache as kv
-    cache = kv.set_lengths(kv.init_cache(cfg, 1, 512, jnp.bfloat16), jnp.array([256], jnp.int32))
     toks = jnp.arange(T, dtype=jnp.int32)[None] + 7
-    return jax.jit(lambda p, c: model.forward(p, cfg, toks, c, taps=(2, 15, 27))[0]), cache
+    return jax.jit(lambda p, c: model.forward(p, cfg, toks, c, taps=(2, 15, 27))[0]), half_full_cache(cfg)
 
 
 def profile(params, cfg, T: int, n: int = 64) -> tuple[dict, float]:
-    from specjax import cache as kv
-    cache = kv.set_lengths(kv.init_cache(cfg, 1, 512, jnp.bfloat16), jnp.array([256], jnp.int32))
+    cache = half_full_cache(cfg)
     toks = jnp.arange(T, dtype=jnp.int32)[None] + 7
 
     @jax.jit

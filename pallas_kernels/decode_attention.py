@@ -478,22 +478,19 @@ def _layout(B, T, H, G, N, S, d, config, scale, fused, norm_dim=0, norm_eps=0.0,
     return L, cfg
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "config", "interpret", "out_dtype"))
+@functools.partial(jax.jit, static_argnames=("scale", "config", "interpret"))
 def decode_attention(q_BTHd, k_BSGd, v_BSGd, q_pos_BT, *, scale: float | None = None,
-                     config: TuningConfig | None = None, interpret: bool = False, out_dtype=jnp.float32):
-    """Jitted entry: ``[B, T, H, d]`` attention of T <= 32 queries over the cache, float32 or rounded to
-    ``out_dtype`` (see ``rope_attention_write``).
+                     config: TuningConfig | None = None, interpret: bool = False):
+    """Jitted entry: float32 ``[B, T, H, d]`` attention of T <= 32 queries over the cache.
 
     ``config`` defaults to ``default_config`` (a function of B, G, R and d: never of T or S).
     ``interpret=True`` runs the kernels in the Pallas interpreter (CPU tests)."""
     (B, T, H, d), (S, G) = q_BTHd.shape, k_BSGd.shape[1:3]
     _check(q_BTHd.shape, k_BSGd, v_BSGd, q_BTHd.dtype)
-    out_dtype = _check_out_dtype(out_dtype)
     if q_pos_BT.shape != (B, T):
         raise ValueError(f"q_pos must be [B, T] = {(B, T)}, got {q_pos_BT.shape}")
     L, cfg = _layout(B, T, H, G, H, S, d, config, scale, fused=False)
-    o = _build(B, L, cfg, interpret, out_dtype)(q_BTHd.reshape(B, T * H, d), q_pos_BT.astype(jnp.int32), k_BSGd,
-                                                v_BSGd)
+    o = _build(B, L, cfg, interpret)(q_BTHd.reshape(B, T * H, d), q_pos_BT.astype(jnp.int32), k_BSGd, v_BSGd)
     return o.reshape(B, T, H, d)
 
 
