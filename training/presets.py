@@ -87,5 +87,5 @@ PRESETS["large"] = dataclasses.replace(PRESETS["h100-diverse"], corpus=dataclass
     PRESETS["h100-diverse"].corpus, n_chat=40960, fixed_width=True), eagle3=_tc(13000, 32, 8e-4, 200, "bfloat16"),
     # the draft model at the same passes per example as h100's 6000 steps on its 54.6k examples (benchmarks/NOTES.md
     # item 40; one H200: ~33 steps/s, so corpus + 13000 steps take two device calls). The shipped draft model is this
-    # preset cut to --steps 9000 (one call on a machine with the corpus built; its card has the tau)
+    # preset's draft stage, in two calls on one machine (corpus + 2239 steps, then the rest; its card has the tau)
     draft=_tc(13000, 32, 5e-4, 200, "bfloat16"))

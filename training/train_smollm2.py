@@ -16,8 +16,8 @@ On the lent GPU machine (64 MiB carried per call, the GGUF is 98 MB) the chain o
 were made that way: the EAGLE-3 head on two H200s with ``--preset large --steps 13000 --only eagle3``
 (benchmarks/results/train_large13k_H200x2_2026-11-29.*), then fine-tuned on one H200 with ``--preset large --steps 6500
 --init-eagle3 shipped --corpus-seed 1`` (train_ft1_H200_2026-12-02.*), the Medusa heads on one H200 with
-``--preset h100`` (train_heads2_H200_2026-11-26.*), the draft model on one H200 with ``--preset large --steps 9000
---only draft`` (train_draftlarge9k_H200_2026-12-03.*). The corpus and the
+``--preset h100`` (train_heads2_H200_2026-11-26.*), the draft model on one H200 with ``--preset large --only draft``
+in two calls (train_draftlarge13k_H200_2026-12-04.*). The corpus and the
 training use every local device (``training/pool.py``, ``TrainConfig.devices``); ``--preset large`` is sized for two
 GPUs (benchmarks/NOTES.md items 29 and 31). ``--steps N`` overrides every stage's step count.
 """
