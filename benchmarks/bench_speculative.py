@@ -14,6 +14,9 @@ and how many outputs equal AR greedy in bf16. ``--batches`` adds batch throughpu
 ~4 ms more per request than the default one program, benchmarks/NOTES.md item 32).
 ``--head own=FOLDER`` makes ``own:K`` in ``--methods`` a Medusa or EAGLE-3 head or a draft model loaded from
 FOLDER (kind from its config.json) instead of the shipped one, so two of a kind are measured against one AR run.
+``--draft-vocab full=full`` makes ``full:K`` the shipped draft model over its whole LM head (``draft`` uses the
+vocabulary shipped beside it, ``draft_vocab.safetensors``); ``LABEL=eagle3`` or ``LABEL=IDS.npy`` cut it to the
+shipped EAGLE-3 head's draft vocabulary or to those token ids.
 ``--compute float32`` runs the target with float32 matmul operands (bf16 weights upcast inside each
 product, ``ModelConfig.compute_dtype``). Writes benchmarks/results/spec_<dataset>_<device>_<date>
 [_f32compute]<tag>.{json,md} (the suffix and the JSON's ``compute_dtype`` record the mode).
@@ -26,6 +29,7 @@ import json
 from pathlib import Path
 
 import jax.numpy as jnp
+import numpy as np
 
 import common
 import hf_baseline
@@ -55,6 +59,22 @@ def head_option(text: str) -> tuple[str, tuple[str, str]]:
         return label, ("draft", folder)
     raise argparse.ArgumentTypeError(f"--head {text!r}: {folder}/config.json is not a Medusa head, an EAGLE-3 head "
                                      f"(architectures LlamaForCausalLMEagle3) or a draft model (LlamaForCausalLM)")
+
+
+def shipped_draft_over(cfg, params, vocab: str):
+    """``(cfg, params)`` of the shipped draft model proposing ``vocab``: "full" (its whole LM head), "eagle3" (the
+    shipped EAGLE-3 head's draft vocabulary) or a .npy file of token ids (``draft_model.restrict_vocab``)."""
+    from specjax.heads import draft_io, eagle3_io, shipped
+    from specjax.speculative import drafters
+    from specjax.speculative.drafters.draft_model import restrict_vocab
+    dcfg, dp = draft_io.load_draft_model(shipped.path(drafters.SHIPPED_TARGET, "draft"), params, full_vocab=True)
+    if vocab == "full":
+        return dcfg, dp
+    if vocab == "eagle3":
+        ids = eagle3_io.load_eagle3(shipped.path(drafters.SHIPPED_TARGET, "eagle3"), target=cfg)[2]
+    else:
+        ids = np.load(vocab)
+    return restrict_vocab(dcfg, dp, np.asarray(ids))
 
 
 def parse_spec(spec: str) -> tuple[str, int, int | None, bool]:
@@ -156,6 +176,10 @@ def main():
     ap.add_argument("--head", action="append", type=head_option, default=[], metavar="LABEL=FOLDER",
                     help="a Medusa/EAGLE-3 head or draft model folder named LABEL in --methods "
                          "(e.g. own=/tmp/medusa-own, then own:4)")
+    ap.add_argument("--draft-vocab", action="append", default=[], metavar="LABEL=full|eagle3|IDS.npy",
+                    help="LABEL in --methods (e.g. LABEL:4) is the shipped draft model over its full LM head, the "
+                         "shipped EAGLE-3 head's draft vocabulary, or the token ids in IDS.npy (its LM head cut to "
+                         "those rows)")
     args = ap.parse_args()
     heads = dict(args.head)
     res_heads = {label: folder for label, (_, folder) in heads.items()}
@@ -163,6 +187,12 @@ def main():
     prompts = data[args.dataset][: args.limit or None]
     cfg, params = load_model(args.gguf, jnp.bfloat16)
     cfg = cfg.replace(compute_dtype=args.compute)
+    for spec in args.draft_vocab:
+        label, sep, vocab = spec.partition("=")
+        if not (sep and label and vocab):
+            ap.error(f"--draft-vocab takes LABEL=full|eagle3|IDS.npy, got {spec!r}")
+        heads[label] = ("draft", shipped_draft_over(cfg, params, vocab))
+        res_heads[label] = f"shipped draft model over vocabulary {vocab!r}"
     res = {**common.header(), "model": "SmolLM2-135M-Instruct (GGUF Q4_1 dequantized to bf16)",
            "compute_dtype": args.compute, "dataset": args.dataset, "max_new_tokens": args.max_new, "batch": 1,
            "greedy": True, "pad_to": args.pad, "rows": [], **({"heads": res_heads} if res_heads else {})}

@@ -1,4 +1,5 @@
-"""The benchmark's ``--head LABEL=FOLDER`` option: the drafting method comes from the folder's config.json."""
+"""The benchmark's options: ``--head LABEL=FOLDER`` (the drafting method comes from the folder's config.json) and
+``--draft-vocab LABEL=full|eagle3|IDS.npy`` (the shipped draft model over its whole LM head or a cut one)."""
 
 import argparse
 import json
@@ -25,3 +26,30 @@ def test_head_option_refuses_a_folder_of_no_known_kind(tmp_path):
         bench_speculative.head_option(f"x={tmp_path}")
     with pytest.raises(argparse.ArgumentTypeError, match="LABEL=FOLDER"):
         bench_speculative.head_option(str(tmp_path))
+
+
+@pytest.mark.assets
+def test_draft_vocab_option_and_the_shipped_draft_vocabulary():
+    """``draft`` loads the shipped draft model over the vocabulary shipped beside it (the shipped EAGLE-3 head's
+    12288 tokens, as ``--draft-vocab LABEL=eagle3``), which still equals AR greedy (fp32) and gets drafts accepted;
+    ``LABEL=full`` keeps the whole tied LM head."""
+    from specjax import assets, pipeline
+    from specjax.generate import generate
+    from specjax.heads import shipped
+    from specjax.speculative import DraftModel, drafters, speculative_generate
+    if not (assets.home() / assets.MODELS["smollm2-135m-instruct"].dest).is_file():
+        pytest.skip("SmolLM2 GGUF not fetched: run `specjax fetch`")
+    if not all((SHIPPED / k / "config.json").is_file() for k in ("draft", "eagle3")):
+        pytest.skip("needs the shipped draft model and EAGLE-3 head")
+    lm = pipeline.load("smollm2-135m-instruct", "float32")
+    drafter, dp = drafters.build("draft", lm.cfg, target_params=lm.params)
+    cfg, cut = bench_speculative.shipped_draft_over(lm.cfg, lm.params, "eagle3")
+    assert cut["lm_head"].shape == (12288, lm.cfg.d_model) and cfg == drafter.cfg
+    assert (cut["vocab_ids"] == dp["vocab_ids"]).all() and (cut["lm_head"] == dp["lm_head"]).all()
+    fcfg, full = bench_speculative.shipped_draft_over(lm.cfg, lm.params, "full")
+    assert fcfg.tie_embeddings and "vocab_ids" not in full and "lm_head" not in full
+    ids = [lm.encode("Write a Python function that reverses a string.", chat=True)]
+    ref = generate(lm.params, lm.cfg, ids, max_new_tokens=24)
+    out = speculative_generate(lm.params, lm.cfg, ids, DraftModel(cfg), cut, num_draft=3, max_new_tokens=24)
+    assert out.output_ids == ref.output_ids and out.metrics()["mean_accepted"] > 1.0
+    assert shipped.path("smollm2-135m-instruct", "draft").joinpath("draft_vocab.safetensors").is_file()

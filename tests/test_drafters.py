@@ -134,6 +134,32 @@ def test_build_loads_a_draft_model_folder(tiny, tmp_path, slim):
     np.testing.assert_array_equal(dp["layers"][0]["wqkv"], params["layers"][0]["wqkv"])
 
 
+def test_a_draft_vocabulary_beside_a_draft_model_cuts_its_lm_head(tiny, tmp_path):
+    """``save_draft_model(vocab_ids=...)`` writes draft_vocab.safetensors; loading cuts the LM head to those rows
+    unless ``full_vocab``; a file of bad ids is a CheckpointError naming it."""
+    from specjax.errors import CheckpointError
+    from specjax.heads.draft_io import VOCAB_FILE, load_draft_model, save_draft_model, save_draft_vocab
+    cfg, params = tiny
+    dcfg = config.tiny(n_layers=1)
+    dparams = {**params, "layers": params["layers"][:1]}
+    ids = np.array([7, 3, 200, 41], np.int32)
+    save_draft_model(tmp_path / "d", dparams, dcfg, shared_embedding=True, vocab_ids=ids)
+    rcfg, rdp = load_draft_model(tmp_path / "d", params)
+    assert not rcfg.tie_embeddings and rdp["vocab_ids"].tolist() == ids.tolist()
+    fcfg, fdp = load_draft_model(tmp_path / "d", params, full_vocab=True)
+    assert fcfg == dcfg and "vocab_ids" not in fdp
+    np.testing.assert_array_equal(rdp["lm_head"], np.asarray(fdp["embed" if dcfg.tie_embeddings else "lm_head"])[ids])
+    save_draft_vocab(tmp_path / "d", [3, 3])
+    with pytest.raises(CheckpointError, match=f"{VOCAB_FILE}: vocab ids must be distinct"):
+        load_draft_model(tmp_path / "d", params)
+    (tmp_path / "d" / VOCAB_FILE).write_bytes(b"junk")
+    with pytest.raises(CheckpointError, match="expected a tensor 'vocab_ids'"):
+        load_draft_model(tmp_path / "d", params)
+    with pytest.raises(ValueError, match="restricted already"):
+        from specjax.speculative.drafters.draft_model import restrict_vocab
+        restrict_vocab(rcfg, rdp, ids)
+
+
 def test_draw_uses_the_same_filtered_distribution_as_the_target():
     logits = jax.random.normal(jax.random.key(0), (4, 16))
     tok, q = draw(jax.random.key(1), logits, SamplingParams.make())

@@ -1,5 +1,6 @@
 """Losslessness at T > 0: the joint distribution of the first tokens that speculative decoding
-emits equals the target's exact distribution (enumerated from the model), for every drafter, and for
+emits equals the target's exact distribution (enumerated from the model), for every drafter (the draft model
+also with a restricted draft vocabulary, whose q is zero on the tokens it leaves out), and for
 a draft tree (Medusa heads, 5 nodes of depth 2: the tree forward and the sampled tree verification).
 
 Setting: a tiny model with 16 tokens, top-p 0.9, K = 2. At T = 0.7 the first 4 tokens are tested
@@ -24,6 +25,7 @@ from scipy import stats
 from specjax import config, model, sampling
 from specjax.heads import medusa
 from specjax.speculative import DraftModel, LayerSkip, NGram, speculative_generate, verify
+from specjax.speculative.drafters.draft_model import restrict_vocab
 from specjax.speculative.drafters.medusa import Medusa
 from specjax.speculative.tree import Tree
 
@@ -93,8 +95,9 @@ def setting():
     assert n <= 65536, f"the test needs {n} samples per run; retune the model to keep CI fast"
     mcfg = medusa.MedusaConfig(cfg, num_heads=2)
     heads = jax.tree.map(lambda x: 0.3 * jax.random.normal(jax.random.key(4), x.shape), medusa.init_params(mcfg))
+    rcfg, rdp = restrict_vocab(cfg, dparams, [15, 3, 12, 7, 10, 5, 8, 11, 4, 13, 6, 9])  # 12 of the 16 tokens
     drafters = {"draft": (DraftModel(cfg), dparams), "layerskip": (LayerSkip(1), None), "ngram": (NGram(1, 2), None),
-                "medusa-tree": (Medusa(mcfg, MEDUSA_TREE), heads)}
+                "medusa-tree": (Medusa(mcfg, MEDUSA_TREE), heads), "draft-vocab": (DraftModel(rcfg), rdp)}
     return cfg, params, drafters, exact, n
 
 
@@ -107,7 +110,7 @@ def _sample(setting, method, temperature, seed):
     return res.output_ids, res.metrics()["acceptance_per_position"]
 
 
-@pytest.mark.parametrize("method", ["draft", "layerskip", "ngram", "medusa-tree"])
+@pytest.mark.parametrize("method", ["draft", "layerskip", "ngram", "medusa-tree", "draft-vocab"])
 def test_speculative_sampling_is_lossless(setting, method):
     for temperature in TOKENS:
         outputs, acceptance = _sample(setting, method, temperature, seed=1)

@@ -3,6 +3,7 @@ budget cuts inside a cycle, the capacity guard, seeds, and bad input."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from specjax import config, model
@@ -10,6 +11,7 @@ from specjax.errors import AssetsMissing
 from specjax.generate import generate
 from specjax.sampling import SamplingParams
 from specjax.speculative import DraftModel, LayerSkip, NGram, loop, run, speculative_generate
+from specjax.speculative.drafters.draft_model import restrict_vocab
 
 # mixed lengths, some repetitive (n-gram hits); MAX_NEW is not a multiple of K+1 (budget cuts a cycle)
 PROMPTS = [[5, 6, 7, 5, 6, 7, 5], [3, 4], [9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9], list(range(11, 20))]
@@ -83,6 +85,48 @@ def test_a_drafter_equal_to_the_target_is_always_accepted(tiny, ar, method):
     m = res.metrics()
     assert m["acceptance_per_position"] == [1.0, 1.0, 1.0] and m["mean_accepted"] == 4.0
     assert res.stats.cycles_B.tolist() == [-(-(MAX_NEW - 1) // 4)] * len(PROMPTS)  # ceil(12 / 4) cycles each
+
+
+def _cycles_of_a_restricted_self_draft(ar_row, allowed, K):
+    """Cycles the target drafting for itself from ``allowed`` tokens only takes: a draft is the target's own greedy
+    token while that lies in ``allowed``; the first one outside is missed and the target's correction ends the cycle."""
+    pos, cycles = 1, 0  # token 0 comes from the prefill
+    while pos < len(ar_row):
+        run = 0
+        while run < K and pos + run < len(ar_row) and ar_row[pos + run] in allowed:
+            run += 1
+        pos, cycles = pos + run + 1, cycles + 1
+    return cycles
+
+
+def test_restricted_draft_vocabulary_maps_head_rows_back_to_tokens(tiny, ar):
+    """``restrict_vocab``: the target as its own draft over a permutation of every token is always accepted (so head
+    row i proposes token ids[i]); over half the tokens it drafts only those, as the cycle count shows, and stays
+    exact."""
+    cfg, params, _, _ = tiny
+    perm = np.random.default_rng(0).permutation(cfg.vocab_size)
+    kw = dict(num_draft=3, max_new_tokens=MAX_NEW, eos_token_ids=())
+    pcfg, pdp = restrict_vocab(cfg, params, perm)
+    res = speculative_generate(params, cfg, PROMPTS, DraftModel(pcfg), pdp, **kw)
+    assert res.output_ids == ar and res.metrics()["mean_accepted"] == 4.0
+    half = perm[: cfg.vocab_size // 2]
+    rcfg, rdp = restrict_vocab(cfg, params, half)
+    assert rdp["lm_head"].shape == (len(half), cfg.d_model) and not rcfg.tie_embeddings
+    res = speculative_generate(params, cfg, PROMPTS, DraftModel(rcfg), rdp, **kw)
+    assert res.output_ids == ar
+    want = [_cycles_of_a_restricted_self_draft(row, set(half.tolist()), 3) for row in ar]
+    assert res.stats.cycles_B.tolist() == want and want != [-(-(MAX_NEW - 1) // 4)] * len(PROMPTS)
+
+
+def test_restrict_vocab_rejects_bad_ids(tiny):
+    cfg, params, _, _ = tiny
+    V = cfg.vocab_size
+    for ids, match in [([], "non-empty"), ([[1, 2]], "1-D"), ([0.5], "token ids"), ([1, 1], "1 repeated"),
+                       ([V], f"in \\[0, {V}\\)"), ([-1], "distinct")]:
+        with pytest.raises(ValueError, match=match):
+            restrict_vocab(cfg, params, np.asarray(ids))
+    with pytest.raises(ValueError, match="untied LM head of one row per id"):
+        DraftModel(cfg).validate(cfg, params | {"vocab_ids": jnp.arange(4)}, 2)
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft"])

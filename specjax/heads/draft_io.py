@@ -6,6 +6,10 @@ read. With ``shared_embedding=True`` the embedding (and an untied LM head) — f
 target's — are left out and ``config.json`` says ``"specjax_shared_embeddings": true``;
 ``load_draft_model`` then takes them from the target's params (a 2-layer SmolLM2 draft shrinks from
 ~70 MB to ~14 MB in bf16, small enough to ship).
+
+A folder may also hold ``draft_vocab.safetensors`` (``vocab_ids``: int32 [N], ``save_draft_model(vocab_ids=...)``):
+the tokens the draft model proposes. ``load_draft_model`` then cuts its LM head to those N rows
+(``draft_model.restrict_vocab``; lossless, fewer weights read per draft step), unless ``full_vocab=True``.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 from safetensors import safe_open
-from safetensors.numpy import save_file
+from safetensors.numpy import load_file, save_file
 
 from specjax.config import ModelConfig
 from specjax.errors import CheckpointError
@@ -27,11 +31,14 @@ from specjax.loading.export_hf import hf_config
 from specjax.loading.hf import SINGLE, config_from_hf
 
 SHARED_NAMES = ("model.embed_tokens.weight", "lm_head.weight")
+VOCAB_FILE = "draft_vocab.safetensors"
 
 
 def save_draft_model(folder: str | os.PathLike, params: dict, cfg: ModelConfig, *, shared_embedding: bool,
-                     extra: dict | None = None) -> Path:
+                     extra: dict | None = None, vocab_ids=None) -> Path:
     folder = Path(folder)
+    if vocab_ids is not None:
+        save_draft_vocab(folder, vocab_ids)
     if not shared_embedding:
         export_hf(params, cfg, folder)
         if extra:
@@ -48,10 +55,36 @@ def save_draft_model(folder: str | os.PathLike, params: dict, cfg: ModelConfig, 
     return folder
 
 
-def load_draft_model(folder: str | os.PathLike, target_params: dict | None = None,
-                     dtype=None) -> tuple[ModelConfig, dict]:
-    """``(cfg, params)``; a slim folder takes its embedding (and untied LM head) from ``target_params``."""
+def save_draft_vocab(folder: str | os.PathLike, vocab_ids) -> Path:
+    """Write ``draft_vocab.safetensors`` (the tokens a draft model in ``folder`` proposes)."""
     folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    ids = {"vocab_ids": np.ascontiguousarray(np.asarray(vocab_ids, np.int32))}
+    atomic_write(folder / VOCAB_FILE, lambda tmp: save_file(ids, tmp, metadata={"format": "pt"}))
+    return folder / VOCAB_FILE
+
+
+def load_draft_model(folder: str | os.PathLike, target_params: dict | None = None, dtype=None, *,
+                     full_vocab: bool = False) -> tuple[ModelConfig, dict]:
+    """``(cfg, params)``; a slim folder takes its embedding (and untied LM head) from ``target_params``. With a
+    ``draft_vocab.safetensors`` beside it the LM head is cut to those tokens, unless ``full_vocab``."""
+    from specjax.speculative.drafters.draft_model import restrict_vocab
+    folder = Path(folder)
+    cfg, params = _load(folder, target_params, dtype)
+    if full_vocab or not (folder / VOCAB_FILE).is_file():
+        return cfg, params
+    try:
+        ids = load_file(folder / VOCAB_FILE)["vocab_ids"]
+    except Exception as e:
+        raise CheckpointError(f"reading {folder}/{VOCAB_FILE} failed (expected a tensor 'vocab_ids' of token ids): "
+                              f"{e}") from e
+    try:
+        return restrict_vocab(cfg, params, ids)
+    except ValueError as e:
+        raise CheckpointError(f"{folder}/{VOCAB_FILE}: {e}") from e
+
+
+def _load(folder: Path, target_params: dict | None, dtype) -> tuple[ModelConfig, dict]:
     try:
         conf = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError) as e:

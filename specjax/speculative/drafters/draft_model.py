@@ -5,6 +5,10 @@ with ``last`` (a 2-token step at positions L-1, L): when all K drafts were accep
 through the draft model, and re-feeding one already-cached token is cheaper than a ragged branch.
 Rollback is then just setting the draft cache's lengths to L-1, so ``update`` has nothing to do.
 Cost per cycle: one 2-token step + (K-1) 1-token steps of the draft model.
+
+``restrict_vocab`` keeps only N rows of the draft model's LM head (e.g. the N most frequent tokens, as FR-Spec
+does and as EAGLE-3's draft vocabulary is chosen): each draft step then reads N x D instead of V x D head weights.
+It stays lossless: the target verifies every draft, and when sampling q is the restricted distribution.
 """
 
 from __future__ import annotations
@@ -14,10 +18,12 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax import cache as kv
 from specjax import model
 from specjax.config import ModelConfig
+from specjax.heads.eagle3 import to_target_vocab
 from specjax.speculative.drafters.base import Context, Drafter, Prefill, Proposal, draw
 
 
@@ -36,6 +42,17 @@ class DraftModel(Drafter):
         if dp["embed"].shape[0] != cfg.vocab_size:
             raise ValueError(f"draft params have an embedding of {dp['embed'].shape[0]} rows; the target's vocabulary "
                              f"has {cfg.vocab_size} tokens")
+        if "vocab_ids" in dp and (self.cfg.tie_embeddings or dp["lm_head"].shape[0] != dp["vocab_ids"].shape[0]):
+            raise ValueError("draft params with 'vocab_ids' need an untied LM head of one row per id: build them "
+                             "with draft_model.restrict_vocab")
+
+    def _draw(self, key, logits_BN, dp, ctx: Context, V: int):
+        ids_N = dp.get("vocab_ids")
+        if ids_N is None:
+            return draw(key, logits_BN, ctx.sp)
+        if ctx.greedy:
+            return jnp.take(ids_N, jnp.argmax(logits_BN, axis=-1)).astype(jnp.int32), None
+        return draw(key, to_target_vocab(logits_BN, ids_N, V), ctx.sp)
 
     def init(self, tp, dp, pre: Prefill, cfg):
         B, S = pre.history_BS.shape
@@ -51,17 +68,36 @@ class DraftModel(Drafter):
         cache = kv.set_lengths(cache, L_B - 1)
         logits_B1V, _, cache = model.forward(dp, self.cfg, jnp.stack([prev_B, ctx.last_B], axis=1), cache,
                                              logits_index_BN=jnp.ones((L_B.shape[0], 1), jnp.int32))
-        tok_B, q_BV = draw(keys[0], logits_B1V[:, 0], ctx.sp)
+        tok_B, q_BV = self._draw(keys[0], logits_B1V[:, 0], dp, ctx, cfg.vocab_size)
         if K == 1:
             return Proposal(tok_B[:, None], None if q_BV is None else q_BV[:, None]), cache, target_cache
 
         def step(carry, key):
             cache, tok_B = carry
             logits_B1V, _, cache = model.forward(dp, self.cfg, tok_B[:, None], cache)
-            nxt_B, q_BV = draw(key, logits_B1V[:, 0], ctx.sp)
+            nxt_B, q_BV = self._draw(key, logits_B1V[:, 0], dp, ctx, cfg.vocab_size)
             return (cache, nxt_B), (nxt_B, q_BV)
 
         (cache, _), (rest_NB, rest_q_NBV) = jax.lax.scan(step, (cache, tok_B), keys[1:])
         tokens_BK = jnp.concatenate([tok_B[:, None], rest_NB.T], axis=1)
         q_BKV = None if q_BV is None else jnp.concatenate([q_BV[:, None], rest_q_NBV.transpose(1, 0, 2)], axis=1)
         return Proposal(tokens_BK, q_BKV), cache, target_cache
+
+
+def restrict_vocab(cfg: ModelConfig, dp: dict, ids_N) -> tuple[ModelConfig, dict]:
+    """``(cfg, params)`` of a draft model that proposes only the tokens ``ids_N`` (distinct target ids): its LM head
+    becomes those N rows (untied), and ``params["vocab_ids"]`` maps a head row back to its token."""
+    if "vocab_ids" in dp:
+        raise ValueError("these draft params are restricted already; restrict the full model (e.g. "
+                         "draft_io.load_draft_model(..., full_vocab=True))")
+    ids_N = np.asarray(ids_N)
+    if ids_N.ndim != 1 or not np.issubdtype(ids_N.dtype, np.integer) or ids_N.size == 0:
+        raise ValueError(f"vocab ids must be a non-empty 1-D array of token ids, got shape {ids_N.shape} "
+                         f"of {ids_N.dtype}")
+    if ids_N.min() < 0 or ids_N.max() >= cfg.vocab_size or np.unique(ids_N).size != ids_N.size:
+        raise ValueError(f"vocab ids must be distinct token ids in [0, {cfg.vocab_size}), got {ids_N.size} ids in "
+                         f"[{ids_N.min()}, {ids_N.max()}] ({ids_N.size - np.unique(ids_N).size} repeated)")
+    w_VD = dp["embed"] if cfg.tie_embeddings else dp["lm_head"]
+    ids = jnp.asarray(ids_N, jnp.int32)
+    return dataclasses.replace(cfg, tie_embeddings=False), dp | {"lm_head": jnp.take(w_VD, ids, axis=0),
+                                                                  "vocab_ids": ids}
