@@ -42,7 +42,8 @@ class DraftModel(Drafter):
         if dp["embed"].shape[0] != cfg.vocab_size:
             raise ValueError(f"draft params have an embedding of {dp['embed'].shape[0]} rows; the target's vocabulary "
                              f"has {cfg.vocab_size} tokens")
-        if "vocab_ids" in dp and (self.cfg.tie_embeddings or dp["lm_head"].shape[0] != dp["vocab_ids"].shape[0]):
+        head = None if self.cfg.tie_embeddings else dp.get("lm_head")
+        if "vocab_ids" in dp and (head is None or head.shape[0] != dp["vocab_ids"].shape[0]):
             raise ValueError("draft params with 'vocab_ids' need an untied LM head of one row per id: build them "
                              "with draft_model.restrict_vocab")
 
