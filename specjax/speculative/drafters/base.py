@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from specjax import sampling
 from specjax.cache import KVCache
 from specjax.config import ModelConfig
+from specjax.heads import eagle3
 from specjax.sampling import SamplingParams
 from specjax.speculative.tree import Tree
 
@@ -128,12 +129,19 @@ def row_at(x_BTD: jax.Array, i_B: jax.Array) -> jax.Array:
     return jnp.take_along_axis(x_BTD, i_B[:, None, None], axis=1)[:, 0]
 
 
-def draw(key: jax.Array, logits_BV: jax.Array, sp: SamplingParams) -> tuple[jax.Array, jax.Array | None]:
+def draw(key: jax.Array, logits_BV: jax.Array, sp: SamplingParams, ids_N: jax.Array | None = None,
+         vocab_size: int | None = None) -> tuple[jax.Array, jax.Array | None]:
     """Sample a draft token and return the distribution q it was drawn from ([B], [B, V]).
 
     q uses ``sampling.probs`` (the same temperature/top-k/top-p as the target's p). When greedy
     (``sp.is_greedy``), the token is the argmax and q is ``None`` (one-hot), so no sort or softmax over V is done.
+    With ``ids_N`` the logits are over a reduced draft vocabulary [B, N] (row i is target token ``ids_N[i]``): the
+    token is mapped back to the target's ``vocab_size`` tokens, and q is zero outside the draft vocabulary.
     """
+    if ids_N is not None:
+        if sp.is_greedy:
+            return jnp.take(ids_N, jnp.argmax(logits_BV, axis=-1)).astype(jnp.int32), None
+        logits_BV = eagle3.to_target_vocab(logits_BV, ids_N, vocab_size)
     if sp.is_greedy:
         return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32), None
     q_BV = sampling.probs(logits_BV, sp)

@@ -23,7 +23,6 @@ import numpy as np
 from specjax import cache as kv
 from specjax import model
 from specjax.config import ModelConfig
-from specjax.heads.eagle3 import to_target_vocab
 from specjax.speculative.drafters.base import Context, Drafter, Prefill, Proposal, draw
 
 
@@ -47,14 +46,6 @@ class DraftModel(Drafter):
             raise ValueError("draft params with 'vocab_ids' need an untied LM head of one row per id: build them "
                              "with draft_model.restrict_vocab")
 
-    def _draw(self, key, logits_BN, dp, ctx: Context, V: int):
-        ids_N = dp.get("vocab_ids")
-        if ids_N is None:
-            return draw(key, logits_BN, ctx.sp)
-        if ctx.greedy:
-            return jnp.take(ids_N, jnp.argmax(logits_BN, axis=-1)).astype(jnp.int32), None
-        return draw(key, to_target_vocab(logits_BN, ids_N, V), ctx.sp)
-
     def init(self, tp, dp, pre: Prefill, cfg):
         B, S = pre.history_BS.shape
         cache = kv.init_cache(self.cfg, B, S, dp["embed"].dtype)
@@ -69,14 +60,14 @@ class DraftModel(Drafter):
         cache = kv.set_lengths(cache, L_B - 1)
         logits_B1V, _, cache = model.forward(dp, self.cfg, jnp.stack([prev_B, ctx.last_B], axis=1), cache,
                                              logits_index_BN=jnp.ones((L_B.shape[0], 1), jnp.int32))
-        tok_B, q_BV = self._draw(keys[0], logits_B1V[:, 0], dp, ctx, cfg.vocab_size)
+        tok_B, q_BV = draw(keys[0], logits_B1V[:, 0], ctx.sp, dp.get("vocab_ids"), cfg.vocab_size)
         if K == 1:
             return Proposal(tok_B[:, None], None if q_BV is None else q_BV[:, None]), cache, target_cache
 
         def step(carry, key):
             cache, tok_B = carry
             logits_B1V, _, cache = model.forward(dp, self.cfg, tok_B[:, None], cache)
-            nxt_B, q_BV = self._draw(key, logits_B1V[:, 0], dp, ctx, cfg.vocab_size)
+            nxt_B, q_BV = draw(key, logits_B1V[:, 0], ctx.sp, dp.get("vocab_ids"), cfg.vocab_size)
             return (cache, nxt_B), (nxt_B, q_BV)
 
         (cache, _), (rest_NB, rest_q_NBV) = jax.lax.scan(step, (cache, tok_B), keys[1:])

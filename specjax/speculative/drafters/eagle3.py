@@ -55,9 +55,7 @@ class Eagle3(Drafter):
 
     def _draw(self, key, h_BD, dp, ctx: Context, V: int):
         lg_BN = eagle3.logits(dp["params"], self.cfg, h_BD[:, None])[:, 0]
-        if ctx.greedy:
-            return jnp.take(dp["draft_ids"], jnp.argmax(lg_BN, axis=-1)).astype(jnp.int32), None
-        return draw(key, eagle3.to_target_vocab(lg_BN, dp["draft_ids"], V), ctx.sp)
+        return draw(key, lg_BN, ctx.sp, dp["draft_ids"], V)
 
     def init(self, tp, dp, pre: Prefill, cfg):
         B, S = pre.history_BS.shape
