@@ -25,7 +25,7 @@ from specjax import cache as kv
 from specjax import model
 from specjax.errors import CheckpointError
 from specjax.heads import eagle3, medusa, medusa_io, shipped
-from training import corpus, data, decontam, losses, recipes, tiny
+from training import corpus, data, decontam, losses, recipes, teacher_cache, tiny
 from training.eagle3_ttt import ttt_logits
 from training.loop import TrainConfig, train
 
@@ -95,6 +95,65 @@ def test_a_few_steps_lower_the_loss(target, dataset, kind):
         frozen = {"target": tp, "shared": recipes.shared_of(tp, cfg)}
     before, after = _eval_loss(fn, p0, frozen, batch), _eval_loss(fn, p1, frozen, batch)
     assert after < before, (kind, before, after)
+
+
+def test_teacher_cache_rows_are_the_weighted_positions_in_row_major_order():
+    w = np.array([[0, 1, 1, 0], [0, 0, 0, 0], [1, 0, 1, 1]], np.uint8)
+    np.testing.assert_array_equal(teacher_cache.flat_positions(w), [[0, 0, 1, 0], [0, 0, 0, 0], [2, 0, 3, 4]])
+    ds = teacher_cache.Indexed(data.TokenDataset(np.arange(12, dtype=np.int32).reshape(3, 4), w))
+    b = ds.take(np.array([2, 0]))
+    np.testing.assert_array_equal(b["t_index"], [[2, 0, 3, 4], [0, 0, 1, 0]])
+    np.testing.assert_array_equal(b["tokens"], [[8, 9, 10, 11], [0, 1, 2, 3]])
+    assert len(ds) == 3 and ds.seq_len == 4
+    with pytest.raises(ValueError, match="no weighted positions"):
+        teacher_cache.build({"embed": jnp.zeros((4, 2))}, tiny.target()[0], data.TokenDataset(w * 0, w * 0))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cached_teacher_logits_equal_the_target_forward(target, dataset, dtype):
+    cfg, tp = target
+    tp = jax.tree.map(lambda x: x.astype(dtype), tp)
+    # float32: batches of 5 rows (the last of 4 padded); bfloat16: the one batch the reference runs, jitted as
+    # in a train step (a bf16 forward over another batch shape, or eager, may round differently)
+    h_PD = teacher_cache.build(tp, cfg, dataset, batch_rows=5 if dtype == "float32" else len(dataset))
+    assert h_PD.shape == (int((dataset.weight_NT > 0).sum()), cfg.d_model) and h_PD.dtype == jnp.dtype(dtype)
+    b = teacher_cache.Indexed(dataset).take(slice(0, 24))
+    got = jax.jit(teacher_cache.teacher_logits, static_argnums=1)(tp, cfg, h_PD, jnp.asarray(b["t_index"]))
+    want, _ = jax.jit(losses.teacher, static_argnums=1)(tp, cfg, jnp.asarray(b["tokens"]))
+    keep = b["weight"] > 0
+    if dtype == "float32":
+        np.testing.assert_allclose(np.asarray(got)[keep], np.asarray(want)[keep], rtol=1e-5, atol=1e-5)
+    else:  # the hidden state rounded to bf16 where the LM head would round it: the same bits
+        np.testing.assert_array_equal(np.asarray(got)[keep], np.asarray(want)[keep])
+
+
+def test_draft_distilled_from_the_cached_teacher_follows_the_uncached_run(target, dataset, tmp_path):
+    cfg, tp = target
+    train_ds, held = dataset.split(4, seed=0)
+    tc = TrainConfig(steps=6, batch_size=4, lr=3e-3, warmup_steps=2, progress=False)
+    _, p_plain, r_plain = recipes.train_draft(tp, cfg, train_ds, tc, heldout=held)
+    _, p_cached, r_cached = recipes.train_draft(tp, cfg, train_ds, tc, heldout=held, cache_teacher=True)
+    np.testing.assert_allclose([h["loss"] for h in r_cached.history], [h["loss"] for h in r_plain.history],
+                               rtol=1e-5)
+    assert r_plain.history[-1]["loss"] < r_plain.history[0]["loss"]
+    for a, b in zip(jax.tree.leaves(p_cached), jax.tree.leaves(p_plain)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    # the held-out rows run the target in both
+    np.testing.assert_allclose(r_cached.heldout["loss"], r_plain.heldout["loss"], rtol=1e-5)
+    dcfg, p0 = recipes.init_draft(tp, cfg, 2)
+    fn = functools.partial(losses.distill_loss, cfg=dcfg, target_cfg=cfg)
+
+    def run(ckpt_dir, **kw):  # each run builds its cache afresh, as a resumed process does
+        frozen = {"target": tp, "shared": recipes.shared_of(tp, cfg),
+                  "t_hidden": teacher_cache.build(tp, cfg, train_ds)}
+        ck = dataclasses.replace(tc, ckpt_dir=str(ckpt_dir), ckpt_every=2)
+        return train(fn, p0, frozen, teacher_cache.Indexed(train_ds), ck, **kw)
+    full = run(tmp_path / "full")
+    assert [h["loss"] for h in full.history] == [h["loss"] for h in r_cached.history]
+    run(tmp_path / "cut", stop_after=3)  # checkpoint at 2, "killed" after 3
+    resumed = run(tmp_path / "cut")
+    assert resumed.start_step == 2 and resumed.end_step == 6
+    assert [h["loss"] for h in full.history[2:]] == [h["loss"] for h in resumed.history]
 
 
 def test_eagle3_fine_tunes_from_an_exported_head(target, dataset, tmp_path):
@@ -552,6 +611,22 @@ def test_train_smollm2_fine_tunes_a_head_on_a_new_corpus(target, dataset, tmp_pa
     assert f"Fine-tuned from the head in `{(tmp_path / 'head').resolve()}` (model.safetensors sha256 {sha};" in card
     _, _, ids_out = eagle3_io.load_eagle3(tmp_path / "run" / "export" / "eagle3", target=cfg)
     np.testing.assert_array_equal(ids_out, ids)  # the draft vocabulary came with the head
+
+
+def test_train_smollm2_distills_the_draft_model_from_the_cached_teacher(tmp_path):
+    """``--teacher-cache``: the draft stage takes the target's logits from hidden states computed once;
+    the preset in the record says so, and the exported model still decodes equal to AR greedy."""
+    from training import train_smollm2
+    argv = ["--preset", "cpu-tiny", "--out", str(tmp_path / "run"), "--only", "draft", "--teacher-cache"]
+    assert train_smollm2.main(argv) == 0
+    res = json.loads((tmp_path / "run" / "results.json").read_text())
+    art = res["artifacts"]["draft"]
+    assert res["preset"]["draft_teacher_cache"] is True and art["steps"] == 6
+    assert art["tau"]["greedy_equals_ar"] is True and np.isfinite(art["heldout"]["loss"])
+    assert "computed once over the corpus" in (tmp_path / "run" / "export" / "draft" / "CARD.md").read_text()
+    from training import cli
+    with pytest.raises(ValueError, match="--teacher-cache applies to the draft model"):
+        cli.main(["medusa", "--out", str(tmp_path / "x"), "--teacher-cache"])
 
 
 def test_init_record_names_a_shipped_head_by_its_repo_path():

@@ -98,6 +98,9 @@ def card(kind: str, rec: dict, results: dict) -> str:
         (f"Fine-tuned from the head in `{rec['init_from']}` ({_init_sha(rec)}its weights and draft "
          "vocabulary; a fresh optimizer). "
          if rec.get("init_from") else "") +
+        ("The target's logits came from its final hidden states, computed once over the corpus and kept on the "
+         "device (`--teacher-cache`, training/teacher_cache.py). "
+         if kind == "draft" and results["preset"].get("draft_teacher_cache") else "") +
         f"{rec['steps']} steps (of {rec.get('planned_steps', rec['steps'])} planned), batch {rec['batch_size']} x "
         f"{rec['seq_len']} tokens, AdamW lr {rec['lr']} (warmup + cosine, global-norm clipping), fp32 master weights, "
         f"{results['preset']['dtype']} compute, {rec['train_seconds']} s on {results['hardware']}"

@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-heads", type=int, default=4, help="medusa: heads")
     g.add_argument("--own-lm-head", action="store_true", help="medusa: one LM head per head instead of the target's")
     g.add_argument("--layers", type=int, default=2, help="draft: decoder layers")
+    g.add_argument("--teacher-cache", action="store_true",
+                   help="draft: the target's hidden states computed once over the corpus and kept on the device, "
+                        "instead of a target forward in every step (training/teacher_cache.py)")
 
 
 def train_main(args: argparse.Namespace) -> int:
@@ -60,6 +63,8 @@ def train_main(args: argparse.Namespace) -> int:
         raise ValueError(f"--steps and --batch-size must be positive, got {args.steps} and {args.batch_size}")
     if args.init is not None and args.kind != "eagle3":
         raise ValueError(f"--init fine-tunes an EAGLE-3 head; got kind {args.kind!r}")
+    if args.teacher_cache and args.kind != "draft":
+        raise ValueError(f"--teacher-cache applies to the draft model's distillation; got kind {args.kind!r}")
     out = Path(args.out).expanduser()
     lm = load(args.model, args.dtype)
     cfg, tp = lm.cfg, lm.params
@@ -81,7 +86,7 @@ def train_main(args: argparse.Namespace) -> int:
         mcfg, params, _ = recipes.train_medusa(tp, cfg, ds, tc, num_heads=args.num_heads, own_lm_head=args.own_lm_head)
         medusa_io.save_medusa(export, bf16(params), mcfg, base_model=str(args.model))
     else:
-        dcfg, params, _ = recipes.train_draft(tp, cfg, ds, tc, n_layers=args.layers)
+        dcfg, params, _ = recipes.train_draft(tp, cfg, ds, tc, n_layers=args.layers, cache_teacher=args.teacher_cache)
         draft_io.save_draft_model(export, bf16(params), dcfg, shared_embedding=False)
     print(f"wrote {export}")
     return 0

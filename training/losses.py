@@ -1,4 +1,5 @@
-"""Distillation losses against the frozen target, which runs inside the train step.
+"""Distillation losses against the frozen target, which runs inside the train step (for the draft model it
+may instead come from the target's hidden states cached once, ``training/teacher_cache.py``).
 
 A batch is ``{"tokens": int32 [B, T], "weight": float32 [B, T]}``; ``weight[p] = 1`` where the
 target's distribution at position p (predicting token p+1) is to be learned. Every loss is a soft
@@ -14,6 +15,7 @@ import jax.numpy as jnp
 from specjax import model
 from specjax.config import ModelConfig
 from specjax.heads import eagle3, medusa
+from training import teacher_cache
 from training.eagle3_ttt import ttt_logits
 
 
@@ -91,9 +93,14 @@ def _combine(terms, decay: float):
 def distill_loss(params: dict, frozen: dict, batch: dict, *, cfg: ModelConfig, target_cfg: ModelConfig):
     """A small Llama (trainable layers + final norm; embedding/LM head shared with the target and
     frozen) matches the target's next-token distribution at every weighted position.
-    ``frozen = {"target": params, "shared": {"embed": ..., ("lm_head": ...)}}``."""
+    ``frozen = {"target": params, "shared": {"embed": ..., ("lm_head": ...)}}``, plus ``"t_hidden"`` when
+    the batches carry ``t_index`` (``training/teacher_cache.py``: the target's logits from its cached
+    hidden states instead of a forward of the target)."""
     tokens, weight = batch["tokens"], batch["weight"]
-    t_logits, _ = teacher(frozen["target"], target_cfg, tokens)
+    if "t_index" in batch:
+        t_logits = teacher_cache.teacher_logits(frozen["target"], target_cfg, frozen["t_hidden"], batch["t_index"])
+    else:
+        t_logits, _ = teacher(frozen["target"], target_cfg, tokens)
     shared = jax.tree.map(lambda x: x.astype(params["final_norm"].dtype), frozen["shared"])
     s_logits, _, _ = model.forward({**shared, **params}, cfg, tokens)
     loss, acc = offset_terms(s_logits, jax.nn.softmax(t_logits, axis=-1), jnp.argmax(t_logits, axis=-1), weight, 0)

@@ -21,6 +21,7 @@ class Preset:
     ttt_steps: int = 7
     medusa_heads: int = 4
     draft_layers: int = 2
+    draft_teacher_cache: bool = False  # draft model: the target's hidden states computed once (teacher_cache.py)
     eval_mtbench: int = 80
     eval_humaneval: int = 80
     eval_max_prompt: int = 512
@@ -87,5 +88,6 @@ PRESETS["large"] = dataclasses.replace(PRESETS["h100-diverse"], corpus=dataclass
     PRESETS["h100-diverse"].corpus, n_chat=40960, fixed_width=True), eagle3=_tc(13000, 32, 8e-4, 200, "bfloat16"),
     # the draft model at the same passes per example as h100's 6000 steps on its 54.6k examples (benchmarks/NOTES.md
     # item 40; one H200: ~33 steps/s, so corpus + 13000 steps take two device calls). The shipped draft model is this
-    # preset's draft stage, in two calls on one machine (corpus + 2239 steps, then the rest; its card has the tau)
+    # preset's draft stage at --steps 22000 --teacher-cache (~54 steps/s), in two calls on one machine (corpus + 1300
+    # steps, then the rest; its card has the tau)
     draft=_tc(13000, 32, 5e-4, 200, "bfloat16"))

@@ -6,14 +6,16 @@ Each takes the frozen target ``(cfg, tp)`` (in the compute dtype), a ``TokenData
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import time
 
 import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig
 from specjax.heads import eagle3, medusa
-from training import data, losses
+from training import data, losses, teacher_cache
 from training.loop import TrainConfig, train
 
 
@@ -73,10 +75,20 @@ def init_draft(tp: dict, cfg: ModelConfig, n_layers: int) -> tuple[ModelConfig, 
 
 
 def train_draft(tp: dict, cfg: ModelConfig, ds: data.TokenDataset, tc: TrainConfig, *, n_layers: int = 2,
-                heldout: data.TokenDataset | None = None):
-    """-> (draft ModelConfig, full draft params incl. the shared embedding, TrainResult)."""
+                heldout: data.TokenDataset | None = None, cache_teacher: bool = False):
+    """-> (draft ModelConfig, full draft params incl. the shared embedding, TrainResult).
+    ``cache_teacher``: run the target over ``ds`` once (``teacher_cache.build``, held on the device) and
+    take its logits from those hidden states in every step instead of a forward of the target; the
+    held-out rows still run the target. Its build time counts against ``tc.max_seconds``."""
     dcfg, params = init_draft(tp, cfg, n_layers)
     shared = shared_of(tp, cfg)
     loss = functools.partial(losses.distill_loss, cfg=dcfg, target_cfg=cfg)
-    res = train(loss, params, {"target": tp, "shared": shared}, ds, tc, desc="draft", heldout=heldout)
+    frozen = {"target": tp, "shared": shared}
+    if cache_teacher:
+        t0 = time.perf_counter()
+        frozen["t_hidden"] = jax.block_until_ready(teacher_cache.build(tp, cfg, ds))
+        ds = teacher_cache.Indexed(ds)
+        if tc.max_seconds is not None:
+            tc = dataclasses.replace(tc, max_seconds=max(1.0, tc.max_seconds - (time.perf_counter() - t0)))
+    res = train(loss, params, frozen, ds, tc, desc="draft", heldout=heldout)
     return dcfg, {**jax.tree.map(lambda x: x.astype(jnp.float32), shared), **res.params}, res

@@ -16,8 +16,8 @@ On the lent GPU machine (64 MiB carried per call, the GGUF is 98 MB) the chain o
 were made that way: the EAGLE-3 head on two H200s with ``--preset large --steps 13000 --only eagle3``
 (benchmarks/results/train_large13k_H200x2_2026-11-29.*), then fine-tuned on one H200 with ``--preset large --steps 6500
 --init-eagle3 shipped --corpus-seed 1`` (train_ft1_H200_2026-12-02.*), the Medusa heads on one H200 with
-``--preset h100`` (train_heads2_H200_2026-11-26.*), the draft model on one H200 with ``--preset large --only draft``
-in two calls (train_draftlarge13k_H200_2026-12-04.*). The corpus and the
+``--preset h100`` (train_heads2_H200_2026-11-26.*), the draft model on one H200 with ``--preset large --only draft
+--steps 22000 --teacher-cache`` in two calls (train_draftcache22k_H200_2026-12-04.*). The corpus and the
 training use every local device (``training/pool.py``, ``TrainConfig.devices``); ``--preset large`` is sized for two
 GPUs (benchmarks/NOTES.md items 29 and 31). ``--steps N`` overrides every stage's step count.
 """
@@ -113,7 +113,8 @@ def train_and_export(kind: str, preset: Preset, tp: dict, cfg, ds, out: Path, se
                                                  own_lm_head=kind == "medusa-own", heldout=heldout)
         medusa_io.save_medusa(folder, bf16(params), mcfg, base_model=HF_ID)
         return Medusa(mcfg), medusa_io.load_medusa(folder, cfg, dtype=dtype)[1], res, tc
-    dcfg, params, res = recipes.train_draft(tp, cfg, ds, tc, n_layers=preset.draft_layers, heldout=heldout)
+    dcfg, params, res = recipes.train_draft(tp, cfg, ds, tc, n_layers=preset.draft_layers, heldout=heldout,
+                                            cache_teacher=preset.draft_teacher_cache)
     draft_io.save_draft_model(out / "export" / "draft-hf", bf16(params), dcfg, shared_embedding=False)
     draft_io.save_draft_model(folder, bf16(params), dcfg, shared_embedding=True)
     return DraftModel(dcfg), draft_io.load_draft_model(folder, tp, dtype)[1], res, tc
@@ -220,8 +221,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--init-eagle3", default=None,
                    help="fine-tune this EAGLE-3 head folder (e.g. specjax/shipped/.../eagle3; 'shipped': the shipped "
                         "head) instead of starting from random weights; its draft vocabulary is kept")
+    p.add_argument("--teacher-cache", action="store_true",
+                   help="draft: run the target over the corpus once and distill from its cached hidden states "
+                        "(training/teacher_cache.py; ~1.2 KB of device memory per trained-on token at SmolLM2's width)")
     args = p.parse_args(argv)
     preset = PRESETS[args.preset]
+    if args.teacher_cache:
+        preset = dataclasses.replace(preset, draft_teacher_cache=True)
     if args.corpus_seed is not None:
         preset = dataclasses.replace(preset, corpus=dataclasses.replace(preset.corpus, seed=args.corpus_seed))
     init_eagle3 = str(shipped.path(MODEL, "eagle3")) if args.init_eagle3 == "shipped" else args.init_eagle3
