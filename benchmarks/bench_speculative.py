@@ -12,6 +12,8 @@ and how many outputs equal AR greedy in bf16. ``--batches`` adds batch throughpu
 (``trees.json`` beside the head; K in the table is then the node count).
 ``eagle3:7+ttft`` runs a method as two programs with the first token timed (mean ``ttft_ms`` in the JSON;
 ~4 ms more per request than the default one program, benchmarks/NOTES.md item 32).
+``draft:7@0.3`` drafts an adaptive chain of at most 7 tokens that stops after a draft below probability 0.3
+(``DraftModel(min_confidence=0.3)``; the JSON row has ``min_confidence`` and ``mean_drafted``).
 ``--head own=FOLDER`` makes ``own:K`` in ``--methods`` a Medusa or EAGLE-3 head or a draft model loaded from
 FOLDER (kind from its config.json) instead of the shipped one, so two of a kind are measured against one AR run.
 ``--draft-vocab full=full`` makes ``full:K`` the shipped draft model over its whole LM head (``draft`` uses the
@@ -25,6 +27,7 @@ product, ``ModelConfig.compute_dtype``). Writes benchmarks/results/spec_<dataset
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -77,30 +80,46 @@ def shipped_draft_over(cfg, params, vocab: str):
     return restrict_vocab(dcfg, dp, np.asarray(ids))
 
 
-def parse_spec(spec: str) -> tuple[str, int, int | None, bool]:
-    """``method[:K]`` or ``method:tN``, optionally ``+ttft`` -> (method, K, tree nodes or None, ttft)."""
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """One entry of ``--methods``."""
+    method: str
+    k: int = 0  # K (a tree's node count with ``tree``)
+    tree: int | None = None  # the head's fitted tree of that many nodes
+    ttft: bool = False  # prefill and loop as two programs, the first token timed (speculative_generate(ttft=True))
+    min_confidence: float = 0.0  # the draft model's adaptive chain (DraftModel.min_confidence)
+
+    def row(self) -> dict:
+        return {"method": self.method, "K": self.k, "tree": "yes" if self.tree else "",
+                "ttft": "timed" if self.ttft else "", **({"min_confidence": self.min_confidence}
+                                                         if self.min_confidence else {})}
+
+
+def parse_spec(spec: str) -> Spec:
+    """``method[:K]`` or ``method:tN``, optionally ``@C`` (min_confidence) and ``+ttft``."""
     body = spec.removesuffix("+ttft")
+    body, _, conf = body.partition("@")
     method, _, k = body.partition(":")
+    extra = dict(ttft=spec.endswith("+ttft"), min_confidence=float(conf or 0))
     if k.startswith("t"):
-        return method, int(k[1:]), int(k[1:]), body != spec
-    return method, int(k or 0), None, body != spec
+        return Spec(method, int(k[1:]), int(k[1:]), **extra)
+    return Spec(method, int(k or 0), **extra)
 
 
-def method_call(params, cfg, method: str, k: int, max_new: int, layerskip: int | None, heads: dict | None = None,
-                tree: int | None = None, ttft: bool = False, pad: int = PAD):
+def method_call(params, cfg, spec: Spec, max_new: int, layerskip: int | None, heads: dict | None = None,
+                pad: int = PAD):
     """prompts -> result for one method, prompts padded to ``pad`` (PAD: one compilation per method and batch).
-    ``heads``: --head labels -> (method, folder); ``tree``: the head's fitted tree of that many nodes;
-    ``ttft``: prefill and loop as two programs, the first token timed (``speculative_generate(ttft=True)``)."""
-    if method == "ar":
+    ``heads``: --head labels -> (method, folder)."""
+    if spec.method == "ar":
         return lambda ps: generate(params, cfg, ps, max_new_tokens=max_new, pad_to=pad)
-    method, folder = (heads or {}).get(method, (method, None))
-    return lambda ps: engine.run(params, cfg, ps, method=method, num_draft=k, max_new_tokens=max_new,
-                                 layerskip_layers=layerskip, draft_model=folder, pad_to=pad, tree=tree, ttft=ttft)
+    method, folder = (heads or {}).get(spec.method, (spec.method, None))
+    return lambda ps: engine.run(params, cfg, ps, method=method, num_draft=spec.k, max_new_tokens=max_new,
+                                 layerskip_layers=layerskip, draft_model=folder, pad_to=pad, tree=spec.tree,
+                                 ttft=spec.ttft, min_confidence=spec.min_confidence)
 
 
-def run_method(params, cfg, prompts, method: str, k: int, max_new: int, layerskip: int | None, heads=None,
-               tree: int | None = None, ttft: bool = False, pad: int = PAD):
-    call = method_call(params, cfg, method, k, max_new, layerskip, heads, tree, ttft, pad)
+def run_method(params, cfg, prompts, spec: Spec, max_new: int, layerskip: int | None, heads=None, pad: int = PAD):
+    call = method_call(params, cfg, spec, max_new, layerskip, heads, pad)
     call(prompts[:1])  # warm-up: compile once
     return [call([p]) for p in prompts]
 
@@ -115,6 +134,7 @@ def summarize(results, ar_outputs=None) -> dict:
         accepted = sum(r.stats.accepted_BK.sum(axis=0) for r in results)
         row["tau"] = 1.0 + float(accepted.sum()) / max(cycles, 1)
         row["acceptance_per_position"] = [float(a) / max(cycles, 1) for a in accepted]
+        row["mean_drafted"] = sum(int(r.stats.drafted_B.sum()) for r in results) / max(cycles, 1)
         if results[0].ttft_s is not None:
             row["ttft_ms"] = 1e3 * sum(r.ttft_s for r in results) / len(results)
     if ar_outputs is not None:
@@ -124,9 +144,9 @@ def summarize(results, ar_outputs=None) -> dict:
     return row
 
 
-def batch_throughput(params, cfg, prompts, method, k, max_new, layerskip, batch, heads=None, tree=None, ttft=False):
+def batch_throughput(params, cfg, prompts, spec: Spec, max_new, layerskip, batch, heads=None):
     ps = (prompts * ((batch + len(prompts) - 1) // len(prompts)))[:batch]
-    call = method_call(params, cfg, method, k, max_new, layerskip, heads, tree, ttft)
+    call = method_call(params, cfg, spec, max_new, layerskip, heads)
     call(ps)  # warm-up: compile once
     r = call(ps)
     return sum(r.new_tokens) / r.seconds
@@ -135,6 +155,8 @@ def batch_throughput(params, cfg, prompts, method, k, max_new, layerskip, batch,
 def save(res: dict, args) -> None:
     """(Re)write the results files; called after every row so a cut-off run keeps what it measured."""
     cols = ["method", "K", "tree", "ttft", "tau", "tokens_per_s", "speedup_vs_ar", "identical_to_ar", "prompts"]
+    if any("min_confidence" in r for r in res["rows"]):  # adaptive chains: where they stop, and how long they run
+        cols[4:4] = ["min_confidence", "mean_drafted"]
     md = (f"# Speculative decoding, SmolLM2-135M bf16 (compute {args.compute}), {args.dataset}, B=1, greedy, "
           f"{args.max_new} new tokens\n\n"
           f"{res['device_kind']}, jax {res['jax']}, {res['date']}\n\n" + common.md_table(res["rows"], cols))
@@ -198,12 +220,10 @@ def main():
            "greedy": True, "pad_to": args.pad, "rows": [], **({"heads": res_heads} if res_heads else {})}
     ar_out = None
     for spec in args.methods.split(","):
-        method, k, tree, ttft = parse_spec(spec)
-        results = run_method(params, cfg, prompts, method, k, args.max_new, args.layerskip_layers, heads, tree, ttft,
-                             args.pad)
-        row = {"method": method, "K": k, "tree": "yes" if tree else "", "ttft": "timed" if ttft else "",
-               **summarize(results, ar_out)}
-        if method == "ar":
+        spec = parse_spec(spec)
+        results = run_method(params, cfg, prompts, spec, args.max_new, args.layerskip_layers, heads, args.pad)
+        row = {**spec.row(), **summarize(results, ar_out)}
+        if spec.method == "ar":
             ar_out = [r.output_ids[0] for r in results]
             ar_tps = row["tokens_per_s"]
         row["speedup_vs_ar"] = row["tokens_per_s"] / ar_tps
@@ -216,14 +236,11 @@ def main():
         save(res, args)
     for b in [int(x) for x in args.batches.split(",") if x]:
         for spec in args.batch_methods.split(","):
-            method, k, tree, ttft = parse_spec(spec)
-            tps = batch_throughput(params, cfg, prompts[:b], method, k, args.max_new, args.layerskip_layers, b, heads,
-                                   tree, ttft)
-            if method == "ar":
+            spec = parse_spec(spec)
+            tps = batch_throughput(params, cfg, prompts[:b], spec, args.max_new, args.layerskip_layers, b, heads)
+            if spec.method == "ar":
                 ar_b = tps
-            res.setdefault("batch_rows", []).append({"B": b, "method": method, "K": k, "tree": "yes" if tree else "",
-                                                     "ttft": "timed" if ttft else "",
-                                                     "tokens_per_s": tps,
+            res.setdefault("batch_rows", []).append({"B": b, **spec.row(), "tokens_per_s": tps,
                                                      "speedup_vs_ar": tps / ar_b})
             print(res["batch_rows"][-1], flush=True)
             save(res, args)

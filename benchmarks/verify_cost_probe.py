@@ -9,7 +9,9 @@
    Variants, all from this process: XLA's defaults; ``triton_gemm_off`` (``xla_gpu_enable_triton_gemm=False``,
    cuBLAS for the small GEMMs, as per-jit ``compiler_options``); ``exhaustive_tiling``
    (``xla_gpu_exhaustive_tiling_search=True``: the autotuner tries every Triton GEMM tiling); ``reduce_linear`` (every matmul of <= 16 rows
-   traced as a multiply + reduction, the form XLA gives a one-row product, in place of a GEMM).
+   traced as a multiply + reduction, the form XLA gives a one-row product, in place of a GEMM); ``sibling_linear`` /
+   ``variadic_linear`` (2..16 rows: each row its own one-row reduction over the shared weight, as T sibling reductions
+   or as one variadic reduce; benchmarks/NOTES.md item 44).
 2. ``cycle`` ms of ``speculative_generate`` with a random EAGLE-3 head (12288-token draft vocabulary):
    it accepts ~nothing; ms/cycle = the difference of a 256- and a 64-token run over the difference of their
    cycle counts. cycle(K) - forward(K+1) is the drafter (K-1 chained head steps + one (K+1)-row update)
@@ -28,8 +30,8 @@
    steps + forward(K+1) + bookkeeping (benchmarks/NOTES.md item 40).
 Results: ``results/verify_cost_probe_H200_2026-11-27{,_ar,_unroll,_reduce,_tiling}.txt`` (benchmarks/NOTES.md items 18-19);
 ``results/verify_cost_probe_H200_2026-12-04_draft.txt`` (the draft model, item 40);
-``results/verify_cost_probe_H200_2026-12-04_obf16.txt`` (``+o_f32``: the attention's output float32, item 41).
-"""
+``results/verify_cost_probe_H200_2026-12-04_obf16.txt`` (``+o_f32``: the attention's output float32, item 41);
+``results/sibling_probe_H200_2026-12-04.txt`` (``sibling_linear`` / ``variadic_linear``, item 44)."""
 from __future__ import annotations
 
 import argparse
@@ -54,6 +56,7 @@ from specjax.speculative.drafters.ngram import NGram
 
 gen = importlib.import_module("specjax.generate")  # the module (the package exports a function of that name)
 VARIANTS = {"default": None, "triton_gemm_off": {"xla_gpu_enable_triton_gemm": False}, "reduce_linear": None,
+            "sibling_linear": None, "variadic_linear": None,
             "exhaustive_tiling": {"xla_gpu_exhaustive_tiling_search": True}}
 
 
@@ -66,6 +69,39 @@ def reduce_linear(x_BTI, w_OI, compute_dtype="param"):
     return jnp.sum(x[..., None, :] * w_OI.astype(jnp.float32), axis=-1)
 
 
+def _rows(x_BTI, w_OI, compute_dtype):
+    """The rows of ``x`` as float32 operands rounded to the weight's dtype, or None where ``layers.linear`` stays."""
+    rows = x_BTI.size // x_BTI.shape[-1]
+    if compute_dtype != "param" or rows == 1 or rows > 16:
+        return None
+    return x_BTI.astype(w_OI.dtype).astype(jnp.float32).reshape(rows, x_BTI.shape[-1])
+
+
+def sibling_linear(x_BTI, w_OI, compute_dtype="param"):
+    """``layers.linear`` for 2..16 rows as one one-row reduction per row, all over the same weight: sibling
+    reductions that XLA may fuse into one multi-output kernel reading each weight once (``reduce_linear``
+    re-reads it per row)."""
+    x_RI = _rows(x_BTI, w_OI, compute_dtype)
+    if x_RI is None:
+        return ORIGINAL_LINEAR(x_BTI, w_OI, compute_dtype)
+    w = w_OI.astype(jnp.float32)
+    out_RO = jnp.stack([jnp.sum(x_RI[r] * w, axis=-1) for r in range(x_RI.shape[0])])
+    return out_RO.reshape(x_BTI.shape[:-1] + (w_OI.shape[0],))
+
+
+def variadic_linear(x_BTI, w_OI, compute_dtype="param"):
+    """As ``sibling_linear``, written as ONE variadic reduce (one HLO reduce of R operands, one per row)."""
+    x_RI = _rows(x_BTI, w_OI, compute_dtype)
+    if x_RI is None:
+        return ORIGINAL_LINEAR(x_BTI, w_OI, compute_dtype)
+    w = w_OI.astype(jnp.float32)
+    R = x_RI.shape[0]
+    outs = jax.lax.reduce([x_RI[r] * w for r in range(R)], [jnp.float32(0)] * R,
+                          lambda a, b: [u + v for u, v in zip(a, b)], (1,))
+    return jnp.stack(outs).reshape(x_BTI.shape[:-1] + (w_OI.shape[0],))
+
+
+LINEARS = {"reduce_linear": reduce_linear, "sibling_linear": sibling_linear, "variadic_linear": variadic_linear}
 ORIGINAL_LINEAR = layers.linear
 
 
@@ -83,10 +119,11 @@ def patched_o_f32(on: bool):
 
 
 @contextlib.contextmanager
-def patched_linear(on: bool):
-    """``reduce_linear`` in place of ``layers.linear`` (and the name ``model`` imported) while tracing."""
-    if on:
-        layers.linear = model.linear = reduce_linear
+def patched_linear(name: str):
+    """``LINEARS[name]`` (if ``name`` is one) in place of ``layers.linear`` (and the name ``model`` imported)
+    while tracing."""
+    if name in LINEARS:
+        layers.linear = model.linear = LINEARS[name]
     try:
         yield
     finally:
@@ -175,7 +212,7 @@ def main():
     for T in [int(t) for t in args.ts.split(",") if t]:
         for name, opts in variants.items():
             t0 = time.time()
-            with patched_linear(name == "reduce_linear"):
+            with patched_linear(name):
                 ms = forward_ms(params, cfg, T, opts)
             print(f"| forward | T={T} | {name} | {ms:.4f} | {time.time() - t0:.0f} |", flush=True)
     prompt = [np.random.default_rng(0).integers(10, cfg.vocab_size - 10, 128).tolist()]
@@ -194,24 +231,25 @@ def main():
                 "draft": (DraftModel(dcfg), model.init_params(dcfg, jax.random.key(2), dtype=jnp.bfloat16))}
     if any(d.partition("+")[0] == "draft" for d in args.drafters.split(",")):
         for T in (1, 2):
-            t0 = time.time()
-            ms = forward_ms(drafters["draft"][1], dcfg, T, None, taps=())
-            print(f"| draft model forward ({args.draft_layers} layers) | T={T} | default | {ms:.4f} | "
-                  f"{time.time() - t0:.0f} |", flush=True)
+            for name in [v for v in variants if v == "default" or v in LINEARS]:
+                t0 = time.time()
+                with patched_linear(name):
+                    ms = forward_ms(drafters["draft"][1], dcfg, T, None, taps=())
+                print(f"| draft model forward ({args.draft_layers} layers) | T={T} | {name} | {ms:.4f} | "
+                      f"{time.time() - t0:.0f} |", flush=True)
     original = loop.decode_donating
     for name, K, u in [(d, int(k), int(u)) for u in args.spec_unroll.split(",") for d in args.drafters.split(",")
                        if d for k in args.ks.split(",") if k]:
         t0 = time.time()
         base, _, patch = name.partition("+")  # "eagle3+reduce_linear" -> "eagle3", "reduce_linear"
-        if base not in drafters or patch not in ("", "reduce_linear", "o_f32"):
+        if base not in drafters or patch not in ("", "o_f32", *LINEARS):
             raise SystemExit(f"unknown --drafters entry {name!r}: expected eagle3, ngram or draft, "
-                             "optionally +reduce_linear or +o_f32")
+                             f"optionally +o_f32 or +one of {', '.join(LINEARS)}")
         drafter, d_params = drafters[base]
-        reduce = patch == "reduce_linear"
         loop.decode_donating = original if u == 1 else unrolled_decode(u)
         name = name if u == 1 else f"{name} unroll {u}"
         jax.clear_caches()  # retrace with (or without) the patched linear
-        with patched_linear(reduce), patched_o_f32(patch == "o_f32"):
+        with patched_linear(patch), patched_o_f32(patch == "o_f32"):
             runs = {n: [speculative_generate(params, cfg, prompt, drafter, d_params, num_draft=K, max_new_tokens=n,
                                              eos_token_ids=(), capacity=512) for _ in range(4)][1:] for n in (64, 256)}
         cycles = {n: int(r[0].stats.cycles_B.sum()) for n, r in runs.items()}

@@ -46,10 +46,11 @@ def _generate_one(lm, ids: list[int], args):
     tree = int(args.tree) if args.tree and args.tree.isdigit() else args.tree
     res = run(lm.params, lm.cfg, [ids], method=args.method, num_draft=args.num_draft, draft_model=args.draft_model,
               layerskip_layers=args.layerskip_layers, ngram_min=args.ngram_min, ngram_max=args.ngram_max, tree=tree,
-              ttft=args.ttft, **kw)
+              min_confidence=args.min_confidence, ttft=args.ttft, **kw)
     m = res.metrics()
     return res, {"mean_accepted": m["mean_accepted"], "acceptance_per_position": m["acceptance_per_position"],
                  "num_cycles": m["num_cycles"], "draft_acceptance_rate": m.get("draft_acceptance_rate"),
+                 "mean_drafted": m["mean_drafted"],
                  "ttft_s": m.get("ttft_s")}
 
 
@@ -123,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--layerskip-layers", type=int, default=None)
     g.add_argument("--ngram-min", type=int, default=1)
     g.add_argument("--ngram-max", type=int, default=3)
+    g.add_argument("--min-confidence", type=float, default=0.0,
+                   help="draft: an adaptive chain of at most K drafts, each stopping after a draft whose probability "
+                        "under the draft model is below this (0 = always K)")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
     g.set_defaults(func=cmd_generate)
 

@@ -65,6 +65,21 @@ def test_generate_speculative_adds_metrics(tiny_dir, capsys):
     assert code == 0, err
     timed = json.loads(out)
     assert 0 < timed["ttft_s"] < timed["seconds"] and timed["output_ids"] == row["output_ids"]
+    assert row["mean_drafted"] == 3.0  # a fixed chain proposes K per cycle
+
+
+def test_generate_adaptive_draft_chain(tiny_dir, capsys):
+    """--min-confidence: the model as its own draft stops each chain after a low-probability draft (a random tiny
+    model is never sure: every chain stops after its first draft) and still gives AR's greedy tokens."""
+    base = ["generate", "--model", str(tiny_dir), "--prompt", "the lazy dog", "--max-new-tokens", "6", "--json"]
+    code, out, err = run(capsys, *base)
+    assert code == 0, err
+    ar = json.loads(out)
+    code, out, err = run(capsys, *base, "--method", "draft", "--draft-model", str(tiny_dir), "--num-draft", "3",
+                         "--min-confidence", "0.5")
+    assert code == 0, err
+    row = json.loads(out)
+    assert row["output_ids"] == ar["output_ids"] and row["mean_drafted"] == 1.0 and row["mean_accepted"] == 2.0
 
 
 @pytest.mark.parametrize("args, message", [
@@ -76,6 +91,7 @@ def test_generate_speculative_adds_metrics(tiny_dir, capsys):
     (["--top-p", "1.5"], "top_p must be in"),
     (["--method", "telepathy"], "unknown --method"),
     (["--method", "ngram", "--num-draft", "0"], "num_draft"),
+    (["--method", "ngram", "--min-confidence", "0.3"], "option of the draft method"),
     (["--prompt", "fox " * 400], "exceeds the model's context"),
 ])
 def test_bad_input_is_a_clear_error(tiny_dir, capsys, args, message):

@@ -1,7 +1,7 @@
 """Losslessness at T > 0: the joint distribution of the first tokens that speculative decoding
 emits equals the target's exact distribution (enumerated from the model), for every drafter (the draft model
-also with a restricted draft vocabulary, whose q is zero on the tokens it leaves out), and for
-a draft tree (Medusa heads, 5 nodes of depth 2: the tree forward and the sampled tree verification).
+also with a restricted draft vocabulary, whose q is zero on the tokens it leaves out, and with an adaptive
+chain that stops after a draft below ``min_confidence``), and for a draft tree (Medusa heads, 5 nodes of depth 2: the tree forward and the sampled tree verification).
 
 Setting: a tiny model with 16 tokens, top-p 0.9, K = 2. At T = 0.7 the first 4 tokens are tested
 (prefill token, then a cycle's two drafts and, after full acceptance, its bonus), at T = 1.0 the
@@ -34,6 +34,7 @@ TOKENS = {0.7: 4, 1.0: 3}  # temperature -> first tokens whose joint distributio
 TOP_P, K = 0.9, 2
 PROMPT = [1, 10, 12, 8, 10, 12, 8, 10, 12]  # [1] + the first 3 greedy tokens, repeated: n-gram hits
 MEDUSA_TREE = Tree(((0,), (1,), (2,), (0, 0), (1, 0)))  # depth 2 like K; siblings tried in rank order
+ADAPTIVE = 0.3  # min_confidence of "draft-adaptive": some cycles stop after d_1, the others draft both
 
 
 def _models():
@@ -97,7 +98,8 @@ def setting():
     heads = jax.tree.map(lambda x: 0.3 * jax.random.normal(jax.random.key(4), x.shape), medusa.init_params(mcfg))
     rcfg, rdp = restrict_vocab(cfg, dparams, [15, 3, 12, 7, 10, 5, 8, 11, 4, 13, 6, 9])  # 12 of the 16 tokens
     drafters = {"draft": (DraftModel(cfg), dparams), "layerskip": (LayerSkip(1), None), "ngram": (NGram(1, 2), None),
-                "medusa-tree": (Medusa(mcfg, MEDUSA_TREE), heads), "draft-vocab": (DraftModel(rcfg), rdp)}
+                "medusa-tree": (Medusa(mcfg, MEDUSA_TREE), heads), "draft-vocab": (DraftModel(rcfg), rdp),
+                "draft-adaptive": (DraftModel(cfg, min_confidence=ADAPTIVE), dparams)}
     return cfg, params, drafters, exact, n
 
 
@@ -107,14 +109,16 @@ def _sample(setting, method, temperature, seed):
     res = speculative_generate(params, cfg, [PROMPT] * n, drafter, dp, num_draft=None if drafter.tree else K,
                                max_new_tokens=TOKENS[temperature], temperature=temperature, top_p=TOP_P, seed=seed,
                                capacity=16 if drafter.tree is None else 32)
-    return res.output_ids, res.metrics()["acceptance_per_position"]
+    return res.output_ids, res.metrics()
 
 
-@pytest.mark.parametrize("method", ["draft", "layerskip", "ngram", "medusa-tree", "draft-vocab"])
+@pytest.mark.parametrize("method", ["draft", "layerskip", "ngram", "medusa-tree", "draft-vocab", "draft-adaptive"])
 def test_speculative_sampling_is_lossless(setting, method):
     for temperature in TOKENS:
-        outputs, acceptance = _sample(setting, method, temperature, seed=1)
-        assert acceptance[0] > 0.05, "the drafter is never accepted: the test would not exercise acceptance"
+        outputs, m = _sample(setting, method, temperature, seed=1)
+        assert m["acceptance_per_position"][0] > 0.05, "the drafter is never accepted: the test would not exercise it"
+        if method == "draft-adaptive":  # both kinds of cycle occur: stopped after d_1, and a full chain
+            assert 1.1 < m["mean_drafted"] < K - 0.1, m["mean_drafted"]
         assert chi2_pvalue(outputs, setting[3][temperature]) > ALPHA
 
 
@@ -129,3 +133,16 @@ def test_a_broken_verifier_fails_the_test(setting, monkeypatch):
         assert chi2_pvalue(outputs, setting[3][1.0]) < ALPHA
     finally:
         jax.clear_caches()  # drop the broken traces
+
+
+def test_accepting_past_an_early_stop_fails_the_test(setting, monkeypatch):
+    """A verifier that ignores where an adaptive chain stopped (accepting its padding slot, whose q is 0) must be
+    caught."""
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(verify, "drafted", lambda draft_BK, num_drafts_B: jnp.ones(draft_BK.shape, bool))
+            jax.clear_caches()
+            outputs, _ = _sample(setting, "draft-adaptive", 1.0, seed=1)
+        assert chi2_pvalue(outputs, setting[3][1.0]) < ALPHA
+    finally:
+        jax.clear_caches()

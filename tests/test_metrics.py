@@ -24,6 +24,17 @@ def test_acceptance_metrics_follow_vllm_definitions():
     assert m["itl_s"] == pytest.approx((first["itl_s"] + second["itl_s"]) / 2)
 
 
+def test_drafts_proposed_when_a_drafter_stops_early():
+    # K = 3, but the drafter proposed 4 of 6 and 2 of 3 possible drafts (min_confidence)
+    stats = metrics.SpecStats(num_draft=3, cycles_B=np.array([2, 1]), accepted_BK=np.array([[2, 1, 0], [1, 0, 0]]),
+                              new_tokens_B=np.array([5, 2]), drafted_B=np.array([4, 2]))
+    m = metrics.summarize(stats, ttft_s=None, seconds=1.0)
+    assert m["num_drafted"] == 6 and m["mean_drafted"] == pytest.approx(2.0)
+    assert m["draft_acceptance_rate"] == pytest.approx(4 / 6) and m["mean_accepted"] == pytest.approx(1 + 4 / 3)
+    assert [r["num_drafted"] for r in m["per_sequence"]] == [4, 2]
+    assert [r["draft_acceptance_rate"] for r in m["per_sequence"]] == pytest.approx([3 / 4, 1 / 2])
+
+
 def test_no_cycles_and_single_tokens():
     stats = metrics.SpecStats(num_draft=3, cycles_B=np.array([0]), accepted_BK=np.zeros((1, 3), int),
                               new_tokens_B=np.array([1]))
@@ -59,5 +70,6 @@ def test_per_sequence_rows_follow_the_definitions():
             assert row == {"num_cycles": c, "mean_accepted": 1 + sum(a) / c if c else 0.0,
                            "acceptance_per_position": [x / max(c, 1) for x in a],
                            "draft_acceptance_rate": sum(a) / max(3 * c, 1), "num_accepted": sum(a), "num_drafted": 3 * c,
+                           "mean_drafted": 3.0 if c else 0.0,
                            "new_tokens": n, "itl_s": decode / max(n - 1, 1) if ttft else None,
                            "tokens_per_s": n / max((ttft or 0.0) + decode, 1e-9)}, b

@@ -118,6 +118,34 @@ def test_restricted_draft_vocabulary_maps_head_rows_back_to_tokens(tiny, ar):
     assert res.stats.cycles_B.tolist() == want and want != [-(-(MAX_NEW - 1) // 4)] * len(PROMPTS)
 
 
+def test_adaptive_draft_length_stays_exact(tiny, ar):
+    """``DraftModel(min_confidence=c)``: a row stops drafting after a draft below probability c. The target as its
+    own draft is always accepted, so every proposed draft is accepted; c = 0.025 splits this model's greedy
+    probabilities (0.014-0.047) about in half, so chains stop early and run on. A c no probability falls under
+    proposes K per cycle and reproduces the fixed chain's counters."""
+    cfg, params, dcfg, dparams = tiny
+    K, kw = 4, dict(num_draft=4, max_new_tokens=MAX_NEW, eos_token_ids=())
+    res = speculative_generate(params, cfg, PROMPTS, DraftModel(cfg, min_confidence=0.025), params, **kw)
+    assert res.output_ids == ar
+    drafted, cycles = res.stats.drafted_B, res.stats.cycles_B
+    assert (res.stats.accepted_BK.sum(axis=1) == drafted).all()
+    assert (cycles < drafted).any() and (drafted < K * cycles).all()
+    m = res.metrics()
+    assert m["num_drafted"] == drafted.sum() and 1 < m["mean_drafted"] < K and m["draft_acceptance_rate"] == 1.0
+    fixed = speculative_generate(params, cfg, PROMPTS, DraftModel(dcfg), dparams, **kw)
+    never = speculative_generate(params, cfg, PROMPTS, DraftModel(dcfg, min_confidence=1e-9), dparams, **kw)
+    assert never.output_ids == fixed.output_ids == ar
+    for a, b in [(never.stats.cycles_B, fixed.stats.cycles_B), (never.stats.accepted_BK, fixed.stats.accepted_BK),
+                 (never.stats.drafted_B, K * fixed.stats.cycles_B), (fixed.stats.drafted_B, K * fixed.stats.cycles_B)]:
+        assert (a == b).all()
+    one = speculative_generate(params, cfg, PROMPTS, DraftModel(dcfg, min_confidence=0.9), dparams, **kw)
+    assert one.output_ids == ar and (one.stats.drafted_B == one.stats.cycles_B).all()  # each stops after d_1
+    assert not one.stats.accepted_BK[:, 1:].any()
+    for bad in (1.0, -0.1, "0.5", True):
+        with pytest.raises(ValueError, match="min_confidence"):
+            speculative_generate(params, cfg, PROMPTS, DraftModel(dcfg, min_confidence=bad), dparams, **kw)
+
+
 def test_restrict_vocab_rejects_bad_ids(tiny):
     cfg, params, _, _ = tiny
     V = cfg.vocab_size

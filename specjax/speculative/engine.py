@@ -100,22 +100,22 @@ def speculative_generate(params: dict, cfg: ModelConfig, prompts: list[list[int]
         out = run_all(*pre_args)
     out = jax.device_get(out)  # one host read
     seconds = time.perf_counter() - t1
-    stats = metrics.SpecStats(K, out.cycles_B, out.accepted_BK, out.n_out_B)
+    stats = metrics.SpecStats(K, out.cycles_B, out.accepted_BK, out.n_out_B, out.drafted_B)
     return SpecResult(prompt_ids=[list(p) for p in prompts], output_ids=loop.outputs(out, lens), seconds=seconds,
                       ttft_s=ttft_s, method=drafter.name, stats=stats, compile_seconds=t1 - t0)
 
 
 def run(params: dict, cfg: ModelConfig, prompts: list[list[int]], *, method: str, num_draft: int | None = None,
         draft_model=None, layerskip_layers: int | None = None, ngram_min: int = 1, ngram_max: int = 3, tree=None,
-        **generate_kw) -> SpecResult:
+        min_confidence: float = 0.0, **generate_kw) -> SpecResult:
     """The CLI's entry: ``--method draft|layerskip|ngram|eagle3|medusa --num-draft K [--draft-model PATH]
-    [--layerskip-layers N] [--ngram-min A --ngram-max B] [--tree N|FILE]``; other keywords go to
-    speculative_generate. Draft models and heads are loaded in the target's dtype (see ``drafters.build``)."""
+    [--layerskip-layers N] [--ngram-min A --ngram-max B] [--tree N|FILE] [--min-confidence C]``; other keywords go
+    to speculative_generate. Draft models and heads are loaded in the target's dtype (see ``drafters.build``)."""
     if method not in drafters.METHODS:
         raise ValueError(f"unknown speculative method {method!r}; expected one of {', '.join(drafters.METHODS)}")
     if tree is None and num_draft is not None:
         check_num_draft(num_draft)  # before loading a draft model
     drafter, dp = drafters.build(method, cfg, target_params=params, draft_model=draft_model,
                                  layerskip_layers=layerskip_layers, ngram_min=ngram_min, ngram_max=ngram_max,
-                                 tree=tree)
+                                 tree=tree, min_confidence=min_confidence)
     return speculative_generate(params, cfg, prompts, drafter, dp, num_draft=num_draft, **generate_kw)

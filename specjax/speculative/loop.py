@@ -45,6 +45,8 @@ class SpecState:
     key: jax.Array  # base key; cycle c uses fold_in(key, c)
     cycles_B: jax.Array  # int32: cycles each sequence was live in
     accepted_BK: jax.Array  # int32: per sequence, cycles in which draft position i was accepted
+    drafted_B: jax.Array  # int32: drafts proposed per sequence (K, or a tree's N, per cycle; fewer when the drafter
+    #                       stops early: ``Proposal.num_drafts_B``)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "drafter", "capacity", "num_draft", "eos_ids"))
@@ -68,7 +70,7 @@ def prefill(tp: dict, dp: Any, tokens_BT: jax.Array, prompt_len_B: jax.Array, ma
     return SpecState(cycle=jnp.int32(0), history_BS=history_BS, last_B=tok_B, n_out_B=jnp.ones((B,), jnp.int32),
                      budget_B=budget_B, done_B=is_eos(tok_B, eos_ids) | (budget_B <= 1), cache=cache,
                      draft=draft_state, key=key, cycles_B=jnp.zeros((B,), jnp.int32),
-                     accepted_BK=jnp.zeros((B, depth), jnp.int32))
+                     accepted_BK=jnp.zeros((B, depth), jnp.int32), drafted_B=jnp.zeros((B,), jnp.int32))
 
 
 def emit_count(v: verify.Verdict, eos_ids: tuple[int, ...], room_B: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -96,7 +98,8 @@ def _score(tp, cfg, drafter, prop, s: SpecState, cache, sp, key):
     logits_BK1V, taps, cache = model.forward(tp, cfg, fed_BK1, kv.set_lengths(cache, L_B), taps=drafter.taps,
                                              tree_TT=None if tree is None else tree.ancestors)
     if tree is None:
-        return verify.verify(key, logits_BK1V, prop.tokens_BK, prop.q_BKV, sp), fed_BK1, taps, cache
+        v = verify.verify(key, logits_BK1V, prop.tokens_BK, prop.q_BKV, sp, prop.num_drafts_B)
+        return v, fed_BK1, taps, cache
     v = verify.tree_verify(key, logits_BK1V, prop.tokens_BK, tree, sp)
     taps = tuple(jnp.take_along_axis(t, v.nodes_BK1[:, :, None], axis=1) for t in taps)
     return v, jnp.take_along_axis(fed_BK1, v.nodes_BK1, axis=1), taps, kv.gather_rows(cache, L_B, v.nodes_BK1)
@@ -129,6 +132,7 @@ def _cycle(tp, dp, s: SpecState, sp, cfg, drafter, eos_ids) -> SpecState:
         draft=drafter.update(tp, dp, draft_state, ver), key=s.key,
         cycles_B=s.cycles_B + live_i,
         accepted_BK=s.accepted_BK + live_i[:, None] * (jnp.arange(K)[None, :] < v.num_accepted_B[:, None]),
+        drafted_B=s.drafted_B + live_i * (num_draft if prop.num_drafts_B is None else prop.num_drafts_B),
     )
 
 
@@ -152,10 +156,11 @@ class Outcome:
     n_out_B: jax.Array
     cycles_B: jax.Array
     accepted_BK: jax.Array
+    drafted_B: jax.Array
 
 
 def outcome(state: SpecState) -> Outcome:
-    return Outcome(state.history_BS, state.n_out_B, state.cycles_B, state.accepted_BK)
+    return Outcome(state.history_BS, state.n_out_B, state.cycles_B, state.accepted_BK, state.drafted_B)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "drafter", "capacity", "num_draft", "eos_ids"))

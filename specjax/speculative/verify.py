@@ -10,6 +10,10 @@ after position L+i) and the drafts ``d_1..d_K`` with the distributions ``q`` the
   K acceptances draw the bonus from ``p_K``. ``p`` and ``q`` both come from ``sampling.probs``
   (same temperature, top-k, top-p). ``q = None`` (n-gram and other deterministic drafters) means
   one-hot: accept with probability ``p(d)`` and draw a rejection from p with d removed.
+* a drafter that stopped early (``num_drafts_B`` = m < K: slots past m are padding) is treated as having
+  drafted nothing at position m: at most m drafts are accepted, and after m acceptances the next token is
+  the target's own (its argmax, or a draw from ``p_m``: the residual of p against no draft). Where to stop
+  may depend on anything the drafter computed, never on the target, so this stays exact.
 The output distribution equals the target's exactly, whatever the drafter proposes.
 
 Draft trees (``tree.Tree``; N nodes fed as ``[last, n_1..n_N]``, row i predicting the token after node i):
@@ -49,9 +53,16 @@ def accepted_prefix(ok_BK: jax.Array) -> jax.Array:
     return jnp.sum(jnp.cumprod(ok_BK.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
 
 
-def greedy_verify(logits_BK1V: jax.Array, draft_BK: jax.Array) -> Verdict:
+def drafted(draft_BK: jax.Array, num_drafts_B: jax.Array | None) -> jax.Array:
+    """[B, K] True where slot i holds a draft (i < num_drafts; every slot when None)."""
+    if num_drafts_B is None:
+        return jnp.ones(draft_BK.shape, bool)
+    return jnp.arange(draft_BK.shape[1])[None, :] < num_drafts_B[:, None]
+
+
+def greedy_verify(logits_BK1V: jax.Array, draft_BK: jax.Array, num_drafts_B: jax.Array | None = None) -> Verdict:
     target_BK1 = jnp.argmax(logits_BK1V, axis=-1).astype(jnp.int32)
-    n_B = accepted_prefix(draft_BK == target_BK1[:, :-1])
+    n_B = accepted_prefix((draft_BK == target_BK1[:, :-1]) & drafted(draft_BK, num_drafts_B))
     return Verdict(n_B, target_BK1)  # accepted drafts equal the argmaxes, so t_0..t_n is the output
 
 
@@ -66,7 +77,7 @@ def residual_distribution(p_BV: jax.Array, q_BV: jax.Array) -> jax.Array:
 
 
 def rejection_verify(key: jax.Array, logits_BK1V: jax.Array, draft_BK: jax.Array, q_BKV: jax.Array | None,
-                     sp: SamplingParams) -> Verdict:
+                     sp: SamplingParams, num_drafts_B: jax.Array | None = None) -> Verdict:
     B, K1, V = logits_BK1V.shape
     K = K1 - 1
     p_BK1V = sampling.probs(logits_BK1V, sp)
@@ -77,16 +88,16 @@ def rejection_verify(key: jax.Array, logits_BK1V: jax.Array, draft_BK: jax.Array
         q_draft_BK = jnp.take_along_axis(q_BKV, draft_BK[..., None], axis=-1)[..., 0]
     key_accept, key_residual = jax.random.split(key)
     u_BK = jax.random.uniform(key_accept, (B, K), jnp.float32)
-    n_B = accepted_prefix(u_BK * q_draft_BK < p_draft_BK)  # u < p/q without dividing by q
+    n_B = accepted_prefix((u_BK * q_draft_BK < p_draft_BK) & drafted(draft_BK, num_drafts_B))  # u < p/q, no division
     p_n_BV = jnp.take_along_axis(p_BK1V, n_B[:, None, None], axis=1)[:, 0]
-    rejected_B1 = (n_B < K)[:, None]
+    rejected_B1 = (n_B < (K if num_drafts_B is None else num_drafts_B))[:, None]  # else every draft was accepted
     row_B = jnp.minimum(n_B, K - 1)  # the rejected draft's row (unused after full acceptance)
     if q_BKV is None:
         d_n_B = jnp.take_along_axis(draft_BK, row_B[:, None], axis=1)[:, 0]
         q_n_BV = jax.nn.one_hot(d_n_B, V, dtype=jnp.float32)
     else:
         q_n_BV = jnp.take_along_axis(q_BKV, row_B[:, None, None], axis=1)[:, 0]
-    q_n_BV = jnp.where(rejected_B1, q_n_BV, 0.0)  # bonus: residual of p against nothing = p_K
+    q_n_BV = jnp.where(rejected_B1, q_n_BV, 0.0)  # bonus: residual of p against nothing = p_n
     next_B = sampling.sample_from_probs(key_residual, residual_distribution(p_n_BV, q_n_BV))
     i_K1 = jnp.arange(K1)[None, :]
     draft_BK1 = jnp.concatenate([draft_BK, jnp.zeros((B, 1), jnp.int32)], axis=1)
@@ -94,17 +105,18 @@ def rejection_verify(key: jax.Array, logits_BK1V: jax.Array, draft_BK: jax.Array
 
 
 def verify(key: jax.Array, logits_BK1V: jax.Array, draft_BK: jax.Array, q_BKV: jax.Array | None,
-           sp: SamplingParams) -> Verdict:
+           sp: SamplingParams, num_drafts_B: jax.Array | None = None) -> Verdict:
     """Accept the longest valid prefix of the drafts and emit one more token (see module doc).
 
+    ``num_drafts_B``: drafts proposed per row when a drafter stopped before K (None: all K).
     Greedy or not is static (``sp.is_greedy``, fixed on the host), so greedy decoding never sorts the vocab.
     """
     if logits_BK1V.shape[1] != draft_BK.shape[1] + 1:
         raise ValueError(f"verify needs K+1 logit rows for K drafts, got {logits_BK1V.shape[1]} rows "
                          f"and {draft_BK.shape[1]} drafts")
     if sp.is_greedy:
-        return greedy_verify(logits_BK1V, draft_BK)
-    return rejection_verify(key, logits_BK1V, draft_BK, q_BKV, sp)
+        return greedy_verify(logits_BK1V, draft_BK, num_drafts_B)
+    return rejection_verify(key, logits_BK1V, draft_BK, q_BKV, sp, num_drafts_B)
 
 
 def greedy_tree_verify(logits_BN1V: jax.Array, nodes_BN: jax.Array, tree: Tree) -> Verdict:

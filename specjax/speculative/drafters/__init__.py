@@ -82,7 +82,7 @@ def _load_heads(method: str, draft_model, cfg: ModelConfig, target_params, dtype
 
 def build(method: str, cfg: ModelConfig, *, target_params: dict | None = None, draft_model=None, draft_dtype=None,
           layerskip_layers: int | None = None, exit_head: dict | None = None, ngram_min: int = 1,
-          ngram_max: int = 3, tree=None) -> tuple[Drafter, Any]:
+          ngram_max: int = 3, tree=None, min_confidence: float = 0.0) -> tuple[Drafter, Any]:
     """``(drafter, draft_params)`` for a method name, as the CLI's options describe it.
 
     ``draft_model``: for ``draft``, a path (.gguf, HF folder, or a slim folder sharing the target's
@@ -90,11 +90,14 @@ def build(method: str, cfg: ModelConfig, *, target_params: dict | None = None, d
     (default for all three: the draft model / head shipped for SmolLM2-135M-Instruct). Loaded in ``draft_dtype`` (default: the
     target's). ``layerskip_layers`` defaults to half the depth. ``tree`` (eagle3, medusa): a ``Tree``, a node
     count N (the N-node tree fitted for the head, from ``trees.json`` in its folder) or a JSON file of rank paths.
+    ``min_confidence`` (draft): an adaptive chain, each row stopping after a draft below that probability.
     """
     if method not in METHODS:
         raise ValueError(f"unknown speculative method {method!r}; expected one of {', '.join(METHODS)}")
     if tree is not None and method not in TREE_METHODS:
         raise ValueError(f"draft trees are drafted by {' and '.join(TREE_METHODS)}, not {method!r}")
+    if min_confidence and method != "draft":
+        raise ValueError(f"min_confidence (an adaptive chain) is an option of the draft method, not {method!r}")
     if draft_dtype is None and target_params is not None:
         draft_dtype = target_params["embed"].dtype
     if method == "draft":
@@ -105,7 +108,7 @@ def build(method: str, cfg: ModelConfig, *, target_params: dict | None = None, d
         if dcfg.vocab_size != cfg.vocab_size:
             raise ValueError(f"draft model vocabulary ({dcfg.vocab_size} tokens) differs from the target's "
                              f"({cfg.vocab_size}); a draft model must share the target's tokenizer and vocabulary")
-        return DraftModel(dcfg), dparams
+        return DraftModel(dcfg, min_confidence=min_confidence), dparams
     if method == "layerskip":
         n = max(1, cfg.n_layers // 2) if layerskip_layers is None else int(layerskip_layers)
         return LayerSkip(n), exit_head

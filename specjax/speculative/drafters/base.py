@@ -67,6 +67,8 @@ class Context:
 class Proposal:
     tokens_BK: jax.Array  # int32 draft tokens d_1..d_K
     q_BKV: jax.Array | None  # float32 distributions they were drawn from; None = one-hot (deterministic)
+    num_drafts_B: jax.Array | None = None  # int32 drafts proposed per row when a drafter stops early (slots past
+    #                                        it are padding the verifier never accepts); None: all K
 
 
 @jax.tree_util.register_dataclass
@@ -127,6 +129,23 @@ def row_at(x_BTD: jax.Array, i_B: jax.Array) -> jax.Array:
     """Row ``i_B[b]`` of each sequence's ``[T, D]`` block -> ``[B, D]`` (e.g. the hidden state of the
     last accepted token)."""
     return jnp.take_along_axis(x_BTD, i_B[:, None, None], axis=1)[:, 0]
+
+
+def confidence(logits_BV: jax.Array, tok_B: jax.Array, q_BV: jax.Array | None) -> jax.Array:
+    """The drafter's probability of the token it drafted, float32 [B]: q(token) when sampling (``q_BV``, over the
+    target's vocabulary), else softmax(logits) at the argmax (greedy; over the logits' own vocabulary, e.g. a
+    reduced draft vocabulary). What ``min_confidence`` (stop drafting below it) compares against."""
+    if q_BV is not None:
+        return jnp.take_along_axis(q_BV, tok_B[:, None], axis=-1)[:, 0]
+    l_BV = logits_BV.astype(jnp.float32)
+    return jnp.exp(jnp.max(l_BV, axis=-1) - jax.nn.logsumexp(l_BV, axis=-1))
+
+
+def check_min_confidence(drafter: Drafter) -> None:
+    c = drafter.min_confidence
+    if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 <= c < 1.0:
+        raise ValueError(f"{drafter.name}: min_confidence (stop drafting once the drafter's probability of its token "
+                         f"is below it) must be a number in [0, 1), 0 = always draft K; got {c!r}")
 
 
 def draw(key: jax.Array, logits_BV: jax.Array, sp: SamplingParams, ids_N: jax.Array | None = None,

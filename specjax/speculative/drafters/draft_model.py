@@ -6,6 +6,12 @@ through the draft model, and re-feeding one already-cached token is cheaper than
 Rollback is then just setting the draft cache's lengths to L-1, so ``update`` has nothing to do.
 Cost per cycle: one 2-token step + (K-1) 1-token steps of the draft model.
 
+``min_confidence`` c > 0 makes the chain adaptive: a row stops drafting after a token whose draft probability
+(``base.confidence``) is below c, and the cycle's draft loop ends once every row has stopped (a
+``lax.while_loop``, so steps after every row has stopped are not run); the target still verifies K+1 rows, of which only the
+drafted ones can be accepted (``Proposal.num_drafts_B``). Lossless either way: the stop depends on the draft
+model alone. With c = 0 (the default) every cycle drafts K tokens in a ``lax.scan``.
+
 ``restrict_vocab`` keeps only N rows of the draft model's LM head (e.g. the N most frequent tokens, as FR-Spec
 does and as EAGLE-3's draft vocabulary is chosen): each draft step then reads N x D instead of V x D head weights.
 It stays lossless: the target verifies every draft, and when sampling q is the restricted distribution.
@@ -23,16 +29,19 @@ import numpy as np
 from specjax import cache as kv
 from specjax import model
 from specjax.config import ModelConfig
-from specjax.speculative.drafters.base import Context, Drafter, Prefill, Proposal, draw
+from specjax.speculative.drafters.base import (Context, Drafter, Prefill, Proposal, check_min_confidence, confidence,
+                                               draw)
 
 
 @dataclasses.dataclass(frozen=True)
 class DraftModel(Drafter):
     name: ClassVar[str] = "draft"
     cfg: ModelConfig  # the draft model's config; draft params travel as ``dp``
+    min_confidence: float = 0.0  # stop a row's chain after a draft below this probability (0: always K drafts)
 
     def validate(self, cfg: ModelConfig, dp, num_draft: int) -> None:
         super().validate(cfg, dp, num_draft)
+        check_min_confidence(self)
         if self.cfg.vocab_size != cfg.vocab_size:
             raise ValueError(f"draft model vocabulary ({self.cfg.vocab_size} tokens) differs from the target's "
                              f"({cfg.vocab_size}); a draft model must share the target's tokenizer and vocabulary")
@@ -63,6 +72,9 @@ class DraftModel(Drafter):
         tok_B, q_BV = draw(keys[0], logits_B1V[:, 0], ctx.sp, dp.get("vocab_ids"), cfg.vocab_size)
         if K == 1:
             return Proposal(tok_B[:, None], None if q_BV is None else q_BV[:, None]), cache, target_cache
+        if self.min_confidence > 0:
+            prop, cache = self._propose_adaptive(dp, cache, ctx, keys, logits_B1V[:, 0], tok_B, q_BV, cfg)
+            return prop, cache, target_cache
 
         def step(carry, key):
             cache, tok_B = carry
@@ -74,6 +86,32 @@ class DraftModel(Drafter):
         tokens_BK = jnp.concatenate([tok_B[:, None], rest_NB.T], axis=1)
         q_BKV = None if q_BV is None else jnp.concatenate([q_BV[:, None], rest_q_NBV.transpose(1, 0, 2)], axis=1)
         return Proposal(tokens_BK, q_BKV), cache, target_cache
+
+    def _propose_adaptive(self, dp, cache, ctx: Context, keys, logits_BV, tok_B, q_BV, cfg):
+        """Drafts 2..K in a ``lax.while_loop`` that runs while some row is still drafting (``min_confidence``)."""
+        K, B = ctx.num_draft, tok_B.shape[0]
+        tokens_BK = jnp.zeros((B, K), jnp.int32).at[:, 0].set(tok_B)
+        q_BKV = None if q_BV is None else jnp.zeros((B, K, q_BV.shape[-1]), q_BV.dtype).at[:, 0].set(q_BV)
+        live_B = confidence(logits_BV, tok_B, q_BV) >= self.min_confidence
+        init = (jnp.int32(1), cache, tok_B, tokens_BK, q_BKV, jnp.ones((B,), jnp.int32), live_B)
+
+        def more(carry):
+            i, *_, live_B = carry
+            return (i < K) & jnp.any(live_B)
+
+        def step(carry):
+            i, cache, tok_B, tokens_BK, q_BKV, n_B, live_B = carry
+            logits_B1V, _, cache = model.forward(dp, self.cfg, tok_B[:, None], cache)
+            nxt_B, q_BV = draw(keys[i], logits_B1V[:, 0], ctx.sp, dp.get("vocab_ids"), cfg.vocab_size)
+            tokens_BK = tokens_BK.at[:, i].set(nxt_B)
+            if q_BKV is not None:
+                q_BKV = q_BKV.at[:, i].set(q_BV)
+            n_B = jnp.where(live_B, i + 1, n_B)
+            live_B = live_B & (confidence(logits_B1V[:, 0], nxt_B, q_BV) >= self.min_confidence)
+            return i + 1, cache, nxt_B, tokens_BK, q_BKV, n_B, live_B
+
+        _, cache, _, tokens_BK, q_BKV, n_B, _ = jax.lax.while_loop(more, step, init)
+        return Proposal(tokens_BK, q_BKV, n_B), cache
 
 
 def restrict_vocab(cfg: ModelConfig, dp: dict, ids_N) -> tuple[ModelConfig, dict]:
