@@ -1,7 +1,8 @@
 """Losslessness at T > 0: the joint distribution of the first tokens that speculative decoding
 emits equals the target's exact distribution (enumerated from the model), for every drafter (the draft model
 also with a restricted draft vocabulary, whose q is zero on the tokens it leaves out, and with an adaptive
-chain that stops after a draft below ``min_confidence``), and for a draft tree (Medusa heads, 5 nodes of depth 2: the tree forward and the sampled tree verification).
+chain that stops after a draft below ``min_confidence``), and for a draft tree (Medusa heads, 5 nodes of
+depth 2: the tree forward and the sampled tree verification).
 
 Setting: a tiny model with 16 tokens, top-p 0.9, K = 2. At T = 0.7 the first 4 tokens are tested
 (prefill token, then a cycle's two drafts and, after full acceptance, its bonus), at T = 1.0 the

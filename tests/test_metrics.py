@@ -69,7 +69,7 @@ def test_per_sequence_rows_follow_the_definitions():
             decode = (1.5 - (ttft or 0.0)) * (c / cycles.max())
             assert row == {"num_cycles": c, "mean_accepted": 1 + sum(a) / c if c else 0.0,
                            "acceptance_per_position": [x / max(c, 1) for x in a],
-                           "draft_acceptance_rate": sum(a) / max(3 * c, 1), "num_accepted": sum(a), "num_drafted": 3 * c,
-                           "mean_drafted": 3.0 if c else 0.0,
+                           "draft_acceptance_rate": sum(a) / max(3 * c, 1), "num_accepted": sum(a),
+                           "num_drafted": 3 * c, "mean_drafted": 3.0 if c else 0.0,
                            "new_tokens": n, "itl_s": decode / max(n - 1, 1) if ttft else None,
                            "tokens_per_s": n / max((ttft or 0.0) + decode, 1e-9)}, b

@@ -142,6 +142,7 @@ def confidence(logits_BV: jax.Array, tok_B: jax.Array, q_BV: jax.Array | None) -
 
 
 def check_min_confidence(drafter: Drafter) -> None:
+    """Host-side check of a drafter's ``min_confidence`` field (drafters with an adaptive chain)."""
     c = drafter.min_confidence
     if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 <= c < 1.0:
         raise ValueError(f"{drafter.name}: min_confidence (stop drafting once the drafter's probability of its token "

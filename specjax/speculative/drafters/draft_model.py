@@ -7,10 +7,11 @@ Rollback is then just setting the draft cache's lengths to L-1, so ``update`` ha
 Cost per cycle: one 2-token step + (K-1) 1-token steps of the draft model.
 
 ``min_confidence`` c > 0 makes the chain adaptive: a row stops drafting after a token whose draft probability
-(``base.confidence``) is below c, and the cycle's draft loop ends once every row has stopped (a
-``lax.while_loop``, so steps after every row has stopped are not run); the target still verifies K+1 rows, of which only the
-drafted ones can be accepted (``Proposal.num_drafts_B``). Lossless either way: the stop depends on the draft
-model alone. With c = 0 (the default) every cycle drafts K tokens in a ``lax.scan``.
+(``base.confidence``) is below c, and the cycle's draft loop (a ``lax.while_loop``) ends once every row has
+stopped; the target still verifies K+1 rows, of which only the drafted ones can be accepted
+(``Proposal.num_drafts_B``). Lossless either way: the stop depends on the draft model alone. With c = 0 (the
+default) every cycle drafts K tokens in a ``lax.scan``. On SmolLM2 with the shipped draft model K=10 at c=0.3 was
+2-3 % faster than K=5 on MT-bench (benchmarks/NOTES.md item 44).
 
 ``restrict_vocab`` keeps only N rows of the draft model's LM head (e.g. the N most frequent tokens, as FR-Spec
 does and as EAGLE-3's draft vocabulary is chosen): each draft step then reads N x D instead of V x D head weights.
