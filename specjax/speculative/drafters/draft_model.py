@@ -11,7 +11,7 @@ Cost per cycle: one 2-token step + (K-1) 1-token steps of the draft model.
 stopped; the target still verifies K+1 rows, of which only the drafted ones can be accepted
 (``Proposal.num_drafts_B``). Lossless either way: the stop depends on the draft model alone. With c = 0 (the
 default) every cycle drafts K tokens in a ``lax.scan``. On SmolLM2 with the shipped draft model K=10 at c=0.3 was
-2-3 % faster than K=5 on MT-bench (benchmarks/NOTES.md item 44).
+2-3 % faster than K=5 on MT-bench and 5 % slower on HumanEval (benchmarks/NOTES.md item 44).
 
 ``restrict_vocab`` keeps only N rows of the draft model's LM head (e.g. the N most frequent tokens, as FR-Spec
 does and as EAGLE-3's draft vocabulary is chosen): each draft step then reads N x D instead of V x D head weights.
