@@ -78,15 +78,19 @@ class DraftModel(Drafter):
             return prop, cache, target_cache
 
         def step(carry, key):
-            cache, tok_B = carry
-            logits_B1V, _, cache = model.forward(dp, self.cfg, tok_B[:, None], cache)
-            nxt_B, q_BV = draw(key, logits_B1V[:, 0], ctx.sp, dp.get("vocab_ids"), cfg.vocab_size)
+            _, nxt_B, q_BV, cache = self._next(dp, *carry, key, ctx, cfg)
             return (cache, nxt_B), (nxt_B, q_BV)
 
         (cache, _), (rest_NB, rest_q_NBV) = jax.lax.scan(step, (cache, tok_B), keys[1:])
         tokens_BK = jnp.concatenate([tok_B[:, None], rest_NB.T], axis=1)
         q_BKV = None if q_BV is None else jnp.concatenate([q_BV[:, None], rest_q_NBV.transpose(1, 0, 2)], axis=1)
         return Proposal(tokens_BK, q_BKV), cache, target_cache
+
+    def _next(self, dp, cache, tok_B, key, ctx: Context, cfg):
+        """One 1-token draft step after ``tok_B``: (its logits [B, N], the next draft [B], its q or None, cache)."""
+        logits_B1V, _, cache = model.forward(dp, self.cfg, tok_B[:, None], cache)
+        nxt_B, q_BV = draw(key, logits_B1V[:, 0], ctx.sp, dp.get("vocab_ids"), cfg.vocab_size)
+        return logits_B1V[:, 0], nxt_B, q_BV, cache
 
     def _propose_adaptive(self, dp, cache, ctx: Context, keys, logits_BV, tok_B, q_BV, cfg):
         """Drafts 2..K in a ``lax.while_loop`` that runs while some row is still drafting (``min_confidence``)."""
@@ -102,13 +106,12 @@ class DraftModel(Drafter):
 
         def step(carry):
             i, cache, tok_B, tokens_BK, q_BKV, n_B, live_B = carry
-            logits_B1V, _, cache = model.forward(dp, self.cfg, tok_B[:, None], cache)
-            nxt_B, q_BV = draw(keys[i], logits_B1V[:, 0], ctx.sp, dp.get("vocab_ids"), cfg.vocab_size)
+            logits_BV, nxt_B, q_BV, cache = self._next(dp, cache, tok_B, keys[i], ctx, cfg)
             tokens_BK = tokens_BK.at[:, i].set(nxt_B)
             if q_BKV is not None:
                 q_BKV = q_BKV.at[:, i].set(q_BV)
             n_B = jnp.where(live_B, i + 1, n_B)
-            live_B = live_B & (confidence(logits_B1V[:, 0], nxt_B, q_BV) >= self.min_confidence)
+            live_B = live_B & (confidence(logits_BV, nxt_B, q_BV) >= self.min_confidence)
             return i + 1, cache, nxt_B, tokens_BK, q_BKV, n_B, live_B
 
         _, cache, _, tokens_BK, q_BKV, n_B, _ = jax.lax.while_loop(more, step, init)
