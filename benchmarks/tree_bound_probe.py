@@ -6,7 +6,8 @@ tree. Along that path every drafter here is conditioned on correct tokens only, 
 the rank of the true token in each step's distribution at row ``L-1``: Medusa head j's logits
 (``specjax.heads.medusa.logits``), EAGLE-3 step j's logits from the training-time unroll
 (``training.eagle3_ttt.ttt_logits``, which ``eagle3_consistency_probe.py`` showed equal to the
-decoding loop). A static tree is a prefix-closed set of rank tuples; a chain is (0,), (0, 0), ...
+decoding loop), the draft model's logits at position ``L + j`` of one forward over the text (over its
+draft vocabulary). A static tree is a prefix-closed set of rank tuples; a chain is (0,), (0, 0), ...
 A cycle accepts the longest prefix of its rank tuple that lies in the tree, so the replay below is
 what tree decoding with that tree would accept (with one verify forward over all its nodes).
 
@@ -16,6 +17,7 @@ target), then replayed on held-out MT-bench / HumanEval prompts (chat form, as t
 check), each answer cut at its EOS. Prints tau for the chain and for trees of each size.
 
     PYTHONPATH=.:benchmarks python3 benchmarks/tree_bound_probe.py [--n 8] [--calib 16] [--new 96]
+        [--drafters eagle3,medusa,draft]
 """
 
 from __future__ import annotations
@@ -34,29 +36,35 @@ from specjax import model
 from specjax.files import atomic_write_text
 from specjax.heads import medusa, shipped
 from training import corpus, instructions
-from training.eagle3_ttt import NOT_PROPOSED, tree_acceptance, true_ranks, ttt_logits
+from training.eagle3_ttt import NOT_PROPOSED, draft_model_ranks, tree_acceptance, true_ranks, ttt_logits
 from training.evaluate import heldout_prompts
 
 EAGLE3_STEPS = 7  # EAGLE-3's chain length (issue #4's K=7) and the depth of its trees
 SIZES = (4, 7, 15, 31, 63)
+DRAFT_CHAIN = 5  # the draft model's fastest chain on an H200 (benchmarks/NOTES.md item 43); its trees go 7 deep
 
 
 def rank_table(lm, heads: dict, text: np.ndarray) -> dict[str, np.ndarray]:
     """Per drafter ``R[t, j]``: rank of ``text[t + 2 + j]`` in step j's distribution at row t (``NOT_PROPOSED`` past
-    the text)."""
+    the text). Row t: the cycle whose last emitted token is ``text[t + 1]``."""
     cfg, tp = lm.cfg, lm.params
     toks = jnp.asarray(text, jnp.int32)[None]
-    ecfg, edp = heads["eagle3"]
-    mcfg, mdp = heads["medusa"]
-    taps = tuple(sorted(set(ecfg.taps) | set(mcfg.taps)))
-    _, tapped, _ = model.forward(tp, cfg, toks, taps=taps)
-    by_layer = dict(zip(taps, tapped))
-    inv = np.full(cfg.vocab_size, -1)
-    inv[np.asarray(edp["draft_ids"])] = np.arange(len(edp["draft_ids"]))
-    steps = ttt_logits(edp["params"], ecfg, tp["embed"], toks, tuple(by_layer[i] for i in ecfg.taps), EAGLE3_STEPS)
-    mlog = medusa.logits(mdp, mcfg, by_layer[mcfg.taps[0]][0], tp)  # [J, T, V]
-    return {"eagle3": true_ranks([s[0] for s in steps], text, lambda y: inv[y]).T,
-            "medusa": true_ranks(list(mlog), text).T}
+    taps = tuple(sorted({i for k in ("eagle3", "medusa") if k in heads for i in heads[k][0].taps}))
+    by_layer = dict(zip(taps, model.forward(tp, cfg, toks, taps=taps)[1])) if taps else {}
+    out = {}
+    if "eagle3" in heads:
+        ecfg, edp = heads["eagle3"]
+        steps = ttt_logits(edp["params"], ecfg, tp["embed"], toks, tuple(by_layer[i] for i in ecfg.taps),
+                           EAGLE3_STEPS)
+        inv = np.full(cfg.vocab_size, -1)
+        inv[np.asarray(edp["draft_ids"])] = np.arange(len(edp["draft_ids"]))
+        out["eagle3"] = true_ranks([s[0] for s in steps], text, lambda y: inv[y]).T
+    if "medusa" in heads:
+        mcfg, mdp = heads["medusa"]
+        out["medusa"] = true_ranks(list(medusa.logits(mdp, mcfg, by_layer[mcfg.taps[0]][0], tp)), text).T  # [J, T, V]
+    if "draft" in heads:  # teacher-forced: step j at row t is the draft model's logits at position t + 1 + j
+        out["draft"] = draft_model_ranks(*heads["draft"], text, EAGLE3_STEPS).T
+    return out
 
 
 def prefixes(R: np.ndarray, rows) -> collections.Counter:
@@ -98,10 +106,15 @@ def main(argv=None) -> None:
     ap.add_argument("--new", type=int, default=96, help="new tokens")
     ap.add_argument("--write-trees", default="",
                     help="also write the fitted trees (JSON: drafter -> size -> paths) here")
+    ap.add_argument("--drafters", default="eagle3,medusa,draft",
+                    help="comma-separated shipped drafters to fit: eagle3, medusa, draft (the draft model over its "
+                         "draft vocabulary)")
     a = ap.parse_args(argv)
+    names = [d for d in a.drafters.split(",") if d]
+    if not names or set(names) - {"eagle3", "medusa", "draft"}:
+        ap.error(f"--drafters: a comma-separated subset of eagle3, medusa, draft; got {a.drafters!r}")
     lm = specjax.load("smollm2-135m-instruct", dtype="float32")
-    heads = {k: shipped.load("smollm2-135m-instruct", k, lm.cfg, lm.params, dtype=jnp.float32)
-             for k in ("eagle3", "medusa")}
+    heads = {k: shipped.load("smollm2-135m-instruct", k, lm.cfg, lm.params, dtype=jnp.float32) for k in names}
     calib_prompts = [corpus.chat_ids(lm.tokenizer, q) for q in instructions.instructions(a.calib, seed=12345)]
     calib_prompts += [corpus.chat_ids(lm.tokenizer, q) for q in corpus.code_prompts(a.calib, seed=12345)]
     sets = {"calibration": [p for p in calib_prompts if len(p) <= 512],
@@ -112,7 +125,10 @@ def main(argv=None) -> None:
     tables = {name: [(rank_table(lm, heads, t), s, e) for t, s, e in texts(lm, ps, a.new, EAGLE3_STEPS)]
               for name, ps in sets.items()}
     fitted = {}
-    for drafter, chain_len in (("eagle3", EAGLE3_STEPS), ("medusa", heads["medusa"][0].num_heads)):
+    chains = {"eagle3": EAGLE3_STEPS, "draft": DRAFT_CHAIN,
+              "medusa": heads["medusa"][0].num_heads if "medusa" in heads else 0}
+    for drafter in names:
+        chain_len = chains[drafter]
         counts = collections.Counter()
         for tabs, s, e in tables["calibration"]:
             counts += prefixes(tabs[drafter], range(s - 1, e - 2))

@@ -114,9 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-draft", type=int, default=None,
                    help="K, draft tokens per cycle (default 4; with --tree, the tree's node count)")
     g.add_argument("--tree", default=None,
-                   help="eagle3/medusa: draft a static tree: N (the head's fitted N-node tree, e.g. 15, 31, 63; 31 is "
-                        "the shipped EAGLE-3 head's fastest on an H200) or a JSON file of rank paths such as "
-                        "[[0], [1], [0, 0]]")
+                   help="draft/eagle3/medusa: draft a static tree: N (the head's or draft model's fitted N-node tree, "
+                        "e.g. 15, 31, 63; 31 is the shipped EAGLE-3 head's fastest on an H200) or a JSON file of "
+                        "rank paths such as [[0], [1], [0, 0]]")
     g.add_argument("--ttft", action="store_true",
                    help="speculative methods: run the prefill as a program of its own and report the time to first "
                         "token (ttft_s in --json; ~4 ms more per request than the default single program)")

@@ -73,7 +73,7 @@ def attention_block(lp: dict, cfg: ModelConfig, x_BTD, cos, sin, k_BSGd, v_BSGd,
     B, T, _ = x_BTD.shape
     H, G, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     o_dtype = operand_dtype(lp["wo"], cfg.compute_dtype)  # o comes out rounded as the o projection reads it
-    if fold_norm(x_BTD, lp["wqkv"], cfg.compute_dtype) and "bqkv" not in lp:
+    if tree is None and fold_norm(x_BTD, lp["wqkv"], cfg.compute_dtype) and "bqkv" not in lp:
         qkvs = linear_sumsq(lp["attn_norm"] * x_BTD, lp["wqkv"], x_BTD, copies=d)
         o_BTHd, k_BSGd, v_BSGd = attention.attend_new_tokens(qkvs.reshape(B, T, H + 2 * G + 1, d), k_BSGd,
                                                              v_BSGd, cos, sin, start_B, H, cfg.compute_dtype,
@@ -100,7 +100,7 @@ def decoder_layer(lp, cfg, x_BTD, cos, sin, q_pos_BT, k_BSGd, v_BSGd, start_B, t
 
 def forward(params: dict, cfg: ModelConfig, tokens_BT: jax.Array, cache: kv.KVCache | None = None, *,
             taps: Sequence[int] = (), logits_index_BN: jax.Array | None = None,
-            num_layers: int | None = None, compute_logits: bool = True, tree_TT=None):
+            num_layers: int | None = None, compute_logits: bool = True, tree_TT=None, tree_rows=None):
     """Run the decoder on T new tokens per sequence, appended at ``cache.lengths_B``.
 
     Returns ``(logits, taps, cache)``:
@@ -115,6 +115,11 @@ def forward(params: dict, cfg: ModelConfig, tokens_BT: jax.Array, cache: kv.KVCa
     sits at position ``start + depth(t)`` (its count of ancestors) but is written to slot ``start + t``,
     and sees the context and its ancestors only (``attention.attend_new_tokens(tree=...)``); callers
     move the accepted path's K/V into place afterwards (``cache.gather_rows``).
+    ``tree_rows = (visible_TW, offset, depth)``: the T tokens are the nodes of one depth of a draft tree that a
+    drafter drafts level by level (``DraftModel(tree=...)``). The tree's rows are written from slot
+    ``base = start - offset`` on (this level's first at ``start``); row t sees the context (slots before
+    ``base``) and slot ``base + w`` where ``visible_TW[t, w]`` (its ancestors and itself), and sits at
+    position ``base + depth - 1``.
     """
     B, T = tokens_BT.shape
     L = cfg.n_layers if num_layers is None else num_layers
@@ -136,9 +141,17 @@ def forward(params: dict, cfg: ModelConfig, tokens_BT: jax.Array, cache: kv.KVCa
         tree_TT = np.asarray(tree_TT, bool)
         q_pos_BT = start_B[:, None] + jnp.asarray(tree_TT.sum(axis=1).astype(np.int32) - 1)[None, :]
         tree = (tree_TT, 0)
+    if tree_rows is not None:
+        visible_TW, offset, depth = tree_rows
+        shape = np.shape(visible_TW)
+        if tree is not None or not cached or len(shape) != 2 or shape[0] != T or not 0 <= offset < shape[1]:
+            raise ValueError(f"tree_rows needs a cached forward without tree_TT, a [T, W] = [{T}, W] visibility "
+                             f"mask and 0 <= offset < W; got shape {shape}, offset {offset}")
+        q_pos_BT = jnp.broadcast_to((start_B - offset + depth - 1)[:, None], (B, T)).astype(jnp.int32)
+        tree = (np.asarray(visible_TW, bool), int(offset))
     cos, sin = rope_tables(cfg, q_pos_BT)
     x_BTD = embed(params, tokens_BT)
-    path = fused.mode(cfg, B * T, params["embed"].dtype) if cached and tree_TT is None else None  # decode / verify
+    path = fused.mode(cfg, B * T, params["embed"].dtype) if cached and tree is None else None  # decode / verify
     layer = (functools.partial(decoder_layer, tree=tree) if path is None
              else functools.partial(fused.decoder_layer, interpret=path == "interpret"))
     tapped = {}

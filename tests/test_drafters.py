@@ -1,6 +1,8 @@
 """Drafters in isolation: n-gram lookup rules, layerskip's shared cache and exit heads, draft-model
 and option validation, and ``draw``."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +14,7 @@ from specjax.generate import generate
 from specjax.sampling import SamplingParams
 from specjax.speculative import DraftModel, LayerSkip, NGram, drafters, speculative_generate
 from specjax.speculative.drafters.base import Context, draw
+from specjax.speculative.tree import Tree
 
 
 def _propose_ngram(rows, K, **kw):
@@ -132,6 +135,31 @@ def test_build_loads_a_draft_model_folder(tiny, tmp_path, slim):
     assert d.cfg.n_layers == 1 and d.cfg.vocab_size == cfg.vocab_size
     np.testing.assert_array_equal(dp["embed"], params["embed"])
     np.testing.assert_array_equal(dp["layers"][0]["wqkv"], params["layers"][0]["wqkv"])
+    if slim:  # --tree N: the N-node tree fitted for the draft model, from trees.json in its folder
+        with pytest.raises(ValueError, match="no fitted trees"):
+            drafters.build("draft", cfg, target_params=params, draft_model=str(tmp_path / "d"), tree=3)
+        paths = [[0], [1], [0, 0]]
+        (tmp_path / "d" / "trees.json").write_text(json.dumps({"draft": {"3": paths}, "eagle3": {"4": [[0]]}}))
+        d, _ = drafters.build("draft", cfg, target_params=params, draft_model=str(tmp_path / "d"), tree=3)
+        assert d.tree == Tree(paths)
+        with pytest.raises(ValueError, match="no 7-node tree for draft"):
+            drafters.build("draft", cfg, target_params=params, draft_model=str(tmp_path / "d"), tree=7)
+
+
+def test_draft_model_tree_options(tiny):
+    cfg, params = tiny
+    tree = Tree(((0,), (1,), (0, 0)))
+    d, _ = drafters.build("draft", cfg, draft_model=(cfg, params), tree=tree)
+    assert d == DraftModel(cfg, tree=tree)
+    d.validate(cfg, params, 3)
+    with pytest.raises(ValueError, match="node count 3"):
+        d.validate(cfg, params, 2)
+    with pytest.raises(ValueError, match="loaded params has no folder"):
+        drafters.build("draft", cfg, draft_model=(cfg, params), tree=3)
+    with pytest.raises(ValueError, match="chains only"):
+        DraftModel(cfg, min_confidence=0.3, tree=tree).validate(cfg, params, 3)
+    with pytest.raises(ValueError, match="drafted by draft, eagle3, medusa, not 'ngram'"):
+        drafters.build("ngram", cfg, tree=tree)
 
 
 def test_a_draft_vocabulary_beside_a_draft_model_cuts_its_lm_head(tiny, tmp_path):

@@ -287,3 +287,35 @@ def test_shipped_eagle3_tree_accepts_what_its_training_unroll_ranks_predict(smol
     assert res.stats.cycles_B.sum() == cyc
     loop_acc = res.stats.accepted_BK.sum(0)
     assert np.abs(loop_acc - acc).max() <= 1, (loop_acc.tolist(), acc.tolist())
+
+
+@pytest.mark.assets
+@pytest.mark.parametrize("size", [15, 31])
+def test_shipped_draft_model_tree_accepts_what_its_ranks_predict(smollm2, eagle3_text, size):
+    """The shipped draft model drafting its fitted tree (``DraftModel(tree=...)``): along the accepted path it is fed
+    the true tokens, so the loop's acceptance equals the replay from the true tokens' ranks in one teacher-forced
+    forward of the draft model (``draft_model_ranks``). Acceptance fed by a stale draft cache (the accepted path's
+    rows not moved) fails it; outputs equal AR greedy (float32)."""
+    from specjax.heads import shipped
+    from specjax.speculative.drafters.draft_model import DraftModel
+    from specjax.speculative.tree import Tree
+    from training.eagle3_ttt import draft_model_ranks, tree_acceptance
+    folder = shipped.ROOT / "smollm2-135m-instruct" / "draft"
+    if not (folder / "trees.json").is_file():
+        pytest.skip("no fitted trees beside the shipped draft model")
+    lm, (_, _, ids, ref) = smollm2, eagle3_text
+    dcfg, dp = shipped.load("smollm2-135m-instruct", "draft", lm.cfg, lm.params)
+    tree = Tree.load(folder / "trees.json", size, "draft")
+    assert tree.depth <= PAST
+    cyc, acc = 0, np.zeros(tree.depth, int)
+    for p, out in zip(ids, ref):
+        c, a = tree_acceptance(draft_model_ranks(dcfg, dp, np.asarray(p + out, np.int32), tree.depth), tree.paths,
+                               len(p), len(p) + NEW)
+        cyc, acc = cyc + c, acc + a
+    res = speculative_generate(lm.params, lm.cfg, ids, DraftModel(dcfg, tree=tree), dp, max_new_tokens=NEW,
+                               eos_token_ids=())
+    assert res.output_ids == [o[:NEW] for o in ref]
+    assert 1 + acc.sum() / cyc > 2.0, acc
+    assert res.stats.cycles_B.sum() == cyc
+    loop_acc = res.stats.accepted_BK.sum(0)
+    assert np.abs(loop_acc - acc).max() <= 1, (loop_acc.tolist(), acc.tolist())

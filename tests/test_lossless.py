@@ -1,8 +1,8 @@
 """Losslessness at T > 0: the joint distribution of the first tokens that speculative decoding
 emits equals the target's exact distribution (enumerated from the model), for every drafter (the draft model
 also with a restricted draft vocabulary, whose q is zero on the tokens it leaves out, and with an adaptive
-chain that stops after a draft below ``min_confidence``), and for a draft tree (Medusa heads, 5 nodes of
-depth 2: the tree forward and the sampled tree verification).
+chain that stops after a draft below ``min_confidence``), and for a draft tree (5 nodes of depth 2, drafted by
+Medusa heads and by the draft model: the tree forward and the sampled tree verification).
 
 Setting: a tiny model with 16 tokens, top-p 0.9, K = 2. At T = 0.7 the first 4 tokens are tested
 (prefill token, then a cycle's two drafts and, after full acceptance, its bonus), at T = 1.0 the
@@ -100,7 +100,8 @@ def setting():
     rcfg, rdp = restrict_vocab(cfg, dparams, [15, 3, 12, 7, 10, 5, 8, 11, 4, 13, 6, 9])  # 12 of the 16 tokens
     drafters = {"draft": (DraftModel(cfg), dparams), "layerskip": (LayerSkip(1), None), "ngram": (NGram(1, 2), None),
                 "medusa-tree": (Medusa(mcfg, MEDUSA_TREE), heads), "draft-vocab": (DraftModel(rcfg), rdp),
-                "draft-adaptive": (DraftModel(cfg, min_confidence=ADAPTIVE), dparams)}
+                "draft-adaptive": (DraftModel(cfg, min_confidence=ADAPTIVE), dparams),
+                "draft-tree": (DraftModel(cfg, tree=MEDUSA_TREE), dparams)}
     return cfg, params, drafters, exact, n
 
 
@@ -113,7 +114,8 @@ def _sample(setting, method, temperature, seed):
     return res.output_ids, res.metrics()
 
 
-@pytest.mark.parametrize("method", ["draft", "layerskip", "ngram", "medusa-tree", "draft-vocab", "draft-adaptive"])
+@pytest.mark.parametrize("method", ["draft", "layerskip", "ngram", "medusa-tree", "draft-vocab", "draft-adaptive",
+                                    "draft-tree"])
 def test_speculative_sampling_is_lossless(setting, method):
     for temperature in TOKENS:
         outputs, m = _sample(setting, method, temperature, seed=1)

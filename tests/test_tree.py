@@ -1,9 +1,11 @@
 """Draft trees on a tiny random target (CPU, float32): the tree's tables, the masked verify forward
 against plain forwards of each node's path, moving the accepted path's K/V into place, greedy and
-sampled tree verification (against a brute-force walk and the target's exact distribution), and
-tree decoding with the EAGLE-3 and Medusa drafters equal to AR greedy."""
+sampled tree verification (against a brute-force walk and the target's exact distribution), a draft model's
+level-by-level tree rows against plain forwards, and tree decoding with the draft model, EAGLE-3 and Medusa
+drafters equal to AR greedy."""
 
 import collections
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +16,8 @@ from scipy import stats
 from specjax import cache as kv
 from specjax import model, sampling
 from specjax.generate import generate
-from specjax.speculative import speculative_generate, verify
+from specjax.speculative import DraftModel, speculative_generate, verify
+from specjax.speculative.drafters.draft_model import restrict_vocab
 from specjax.speculative.drafters.eagle3 import Eagle3
 from specjax.speculative.drafters.medusa import Medusa
 from specjax.speculative.tree import Tree
@@ -22,6 +25,8 @@ from training import tiny
 
 # 9 nodes, depth 3, up to 3 children; BFS order: (0,) (1,) (2,) (0,0) (0,1) (1,0) (2,0) (0,0,0) (0,1,0)
 TREE = Tree(((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (2, 0), (0, 1, 0)))
+# a level of one node (depth 2): a draft model's one-row tree step (no norm folding there)
+NARROW = Tree(((0,), (1,), (0, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)))
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +102,31 @@ def test_gather_rows_puts_the_accepted_path_in_position_order(target):
             np.testing.assert_allclose(got[b, :L + n + 1], want[0, :L + n + 1], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("tree, prompts", [(TREE, [[5, 6, 7, 8, 9, 10, 11], [3, 4]]), (NARROW, [[3, 4, 5]])],
+                         ids=["wide-B2", "narrow-B1"])
+def test_tree_level_rows_equal_plain_forwards_of_their_paths(target, tree, prompts):
+    """``forward(tree_rows=...)`` level by level, as ``DraftModel`` drafts a tree (the root at slot L, node i at
+    slot L + i): each node's logits equal the last row of a plain cached forward over its path, for ragged cache
+    lengths, and for a level of one node at B = 1 (one row, where a plain step would fold the norm and mask by
+    position)."""
+    cfg, tp = target
+    cache = _prefilled(cfg, tp, prompts)  # slots 0..L-1; the root (the last token) goes to slot L
+    B, L_B = len(prompts), cache.lengths_B
+    toks_BN1 = jnp.asarray(np.random.default_rng(3).integers(1, cfg.vocab_size, (B, tree.num_nodes + 1)), jnp.int32)
+    _, _, c = model.forward(tp, cfg, toks_BN1[:, :1], cache)
+    visible_NN = tree.ancestors[1:, 1:]
+    for d in range(1, tree.depth + 1):
+        lo, hi = tree.level(d)
+        logits, _, c = model.forward(tp, cfg, toks_BN1[:, lo:hi], kv.set_lengths(c, L_B + lo),
+                                     tree_rows=(visible_NN[lo - 1:hi - 1], lo - 1, d))
+        for i in range(lo, hi):
+            path = tree.path_to[i][:d + 1]
+            ref, _, _ = model.forward(tp, cfg, toks_BN1[:, path], cache)
+            np.testing.assert_allclose(logits[:, i - lo], ref[:, -1], rtol=2e-5, atol=2e-5)
+    with pytest.raises(ValueError, match="tree_rows"):
+        model.forward(tp, cfg, toks_BN1[:, :2], cache, tree_rows=(visible_NN[:3], 0, 1))
+
+
 def _walk(t_N1, nodes_N, tree, cur=0, path=(0,)):
     """Brute force: every path from the root whose nodes equal their parent's argmax; the deepest wins
     (siblings may repeat a token; ties go to the lower end node). Returns (n, tokens, path)."""
@@ -166,23 +196,33 @@ def test_a_tree_verifier_that_forgets_rejected_children_fails_the_check(monkeypa
 
 @pytest.fixture(scope="module")
 def drafters(target):
+    cfg, tp = target
     (ecfg, edp), (mcfg, mp) = tiny.eagle3_head(*target), tiny.medusa_heads(target[0], num_heads=3)
-    return {"eagle3": (Eagle3(ecfg, TREE), edp), "medusa": (Medusa(mcfg, TREE), mp)}
+    dcfg, dp = tiny.target(seed=5, n_layers=2)
+    rcfg, rdp = restrict_vocab(dcfg, dp, np.random.default_rng(6).permutation(cfg.vocab_size)[:160])
+    return {"eagle3": (Eagle3(ecfg, TREE), edp), "medusa": (Medusa(mcfg, TREE), mp),
+            "draft": (DraftModel(dcfg, tree=TREE), dp), "draft-narrow": (DraftModel(dcfg, tree=NARROW), dp),
+            "draft-vocab": (DraftModel(rcfg, tree=TREE), rdp), "draft-self": (DraftModel(cfg, tree=NARROW), tp)}
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+@pytest.mark.parametrize("kind", ["eagle3", "medusa", "draft", "draft-narrow", "draft-vocab", "draft-self"])
 def test_tree_decoding_equals_ar_greedy(target, drafters, kind):
     cfg, tp = target
     drafter, dp = drafters[kind]
+    tree = drafter.tree
     prompts = [[5, 6, 7, 8, 9], [3, 4], list(range(10, 31))]
     free = generate(tp, cfg, prompts, max_new_tokens=24, eos_token_ids=())
     eos = free.output_ids[0][5]  # a token of the first output as EOS: rows stop at different cycles
     ref = generate(tp, cfg, prompts, max_new_tokens=24, eos_token_ids=(eos,))
     out = speculative_generate(tp, cfg, prompts, drafter, dp, max_new_tokens=24, eos_token_ids=(eos,))
     assert out.output_ids == ref.output_ids
-    assert out.stats.accepted_BK.shape == (3, TREE.depth) and out.stats.num_draft == TREE.num_nodes
+    assert out.stats.accepted_BK.shape == (3, tree.depth) and out.stats.num_draft == tree.num_nodes
     for n, c, a in zip(out.new_tokens, out.stats.cycles_B, out.stats.accepted_BK.sum(axis=1)):
         assert c <= n - 1 <= c + a
+    if kind == "draft-self":  # the target as its own draft: every cycle but a row's last accepts a whole path,
+        # which the next cycle's drafts attend to (the path's rows moved into place in the draft model's cache)
+        for n, c, a in zip(out.new_tokens, out.stats.cycles_B, out.stats.accepted_BK):
+            assert a.min() >= c - 1 and n - 1 >= (c - 1) * (tree.depth + 1), (n, c, a)
 
 
 def test_tree_options_are_checked(target, drafters):
@@ -229,3 +269,43 @@ def test_gpu_tree_forward_kernel_vs_reference(monkeypatch, B):
             ref = run(tree)
         assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 2])
+def test_gpu_draft_model_tree_levels_kernel_vs_reference(monkeypatch, B):
+    """On Hopper, a bf16 draft model's tree levels (``forward(tree_rows=...)``: the decode kernel in tree mode with
+    the level's offset, one-row levels included) against SPECJAX_ATTENTION=reference: close logits, and greedy tree
+    decoding equal to AR greedy with float32 matmul operands."""
+    from specjax import config
+    cfg = config.tiny(d_model=384, n_heads=6, n_kv_heads=2, ffn_dim=512, vocab_size=512)
+    params = model.init_params(cfg, jax.random.key(0), dtype=jnp.bfloat16, scale=0.1)  # peaked: few near-ties
+    prompts = [list(range(3, 40)), list(range(50, 71))][:B]
+    tree = Tree(tuple((r,) for r in range(4)) + tuple((a, b) for a in range(2) for b in range(3))
+                + ((0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 1)))
+
+    def run():
+        cache = _prefilled(cfg, params, prompts, capacity=256, dtype=jnp.bfloat16)
+        toks = jax.random.randint(jax.random.key(2), (B, tree.num_nodes + 1), 3, cfg.vocab_size)
+        _, _, c = model.forward(params, cfg, toks[:, :1], cache)
+        out, visible = [], tree.ancestors[1:, 1:]
+        for d in range(1, tree.depth + 1):
+            lo, hi = tree.level(d)
+            lg, _, c = model.forward(params, cfg, toks[:, lo:hi], kv.set_lengths(c, cache.lengths_B + lo),
+                                     tree_rows=(visible[lo - 1:hi - 1], lo - 1, d))
+            out.append(np.asarray(lg))
+        return np.concatenate(out, axis=1)
+
+    got = run()
+    with monkeypatch.context() as m:
+        m.setenv("SPECJAX_ATTENTION", "reference")
+        ref = run()
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2
+    f32 = dataclasses.replace(cfg, compute_dtype="float32")
+    dcfg = dataclasses.replace(config.tiny(d_model=384, n_layers=2, n_heads=6, n_kv_heads=2, ffn_dim=512,
+                                           vocab_size=512), compute_dtype="float32")
+    dp = model.init_params(dcfg, jax.random.key(1), dtype=jnp.bfloat16, scale=0.1)
+    ar = generate(params, f32, prompts, max_new_tokens=32, eos_token_ids=())
+    spec = speculative_generate(params, f32, prompts, DraftModel(dcfg, tree=tree), dp, max_new_tokens=32,
+                                eos_token_ids=())
+    assert spec.output_ids == ar.output_ids

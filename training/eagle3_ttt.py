@@ -114,6 +114,19 @@ def true_ranks(logits_per_step, text_T, to_column=lambda y: y) -> np.ndarray:
     return out
 
 
+def draft_model_ranks(cfg, dp: dict, text_T, num_steps: int) -> np.ndarray:
+    """``true_ranks`` for a draft model (``DraftModel``; ``cfg`` its ``ModelConfig``): along the accepted path it is
+    fed the true tokens, so step j at row t is its logits at position t + 1 + j of one forward over ``text_T``. Over
+    its draft vocabulary when it has one (``params["vocab_ids"]``)."""
+    logits_TN = np.asarray(model.forward(dp, cfg, jnp.asarray(text_T, jnp.int32)[None])[0][0])
+    ids = dp.get("vocab_ids")
+    if ids is None:
+        return true_ranks([logits_TN[1 + j:] for j in range(num_steps)], text_T)
+    inv = np.full(cfg.vocab_size, -1)
+    inv[np.asarray(ids)] = np.arange(len(ids))
+    return true_ranks([logits_TN[1 + j:] for j in range(num_steps)], text_T, lambda y: inv[y])
+
+
 def draft_ranks(tp: dict, cfg: eagle3.Eagle3Config, dp: dict, text_T, num_steps: int) -> np.ndarray:
     """``true_ranks`` of the head's unrolled steps over ``text_T``, in its draft vocabulary (the rank 0 draft is
     ``greedy_drafts``'); tokens outside the draft vocabulary are ``NOT_PROPOSED``."""

@@ -121,7 +121,7 @@ def _cycle(tp, dp, s: SpecState, sp, cfg, drafter, eos_ids) -> SpecState:
                        s.last_B)
     new_L_B = L_B + count_B
     n_out_B = s.n_out_B + count_B
-    ver = Verified(fed_BK1, taps, v.num_accepted_B, count_B, new_L_B, last_B)
+    ver = Verified(fed_BK1, taps, v.num_accepted_B, count_B, new_L_B, last_B, v.nodes_BK1)
     live_i = live_B.astype(jnp.int32)
     return SpecState(
         cycle=s.cycle + 1,

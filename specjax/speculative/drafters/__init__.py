@@ -15,7 +15,7 @@ from specjax.speculative.drafters.ngram import NGram
 from specjax.speculative.tree import Tree
 
 METHODS = ("draft", "layerskip", "ngram", "eagle3", "medusa")
-TREE_METHODS = ("eagle3", "medusa")
+TREE_METHODS = ("draft", "eagle3", "medusa")
 SHIPPED_TARGET = "smollm2-135m-instruct"  # whose shipped heads eagle3/medusa use without --draft-model
 
 __all__ = ["Context", "Drafter", "DraftModel", "LayerSkip", "METHODS", "NGram", "Prefill", "Proposal", "Tree",
@@ -46,12 +46,15 @@ def _shipped_draft(cfg: ModelConfig, target_params, dtype):
     return shipped.load(SHIPPED_TARGET, "draft", cfg, target_params, dtype)
 
 
-def _tree(tree, method: str, folder: Path) -> Tree | None:
-    """A ``Tree``; an int N: the N-node tree fitted for this head (``trees.json`` in its folder); a path: a
-    JSON list of rank paths."""
+def _tree(tree, method: str, folder: Path | None) -> Tree | None:
+    """A ``Tree``; an int N: the N-node tree fitted for this head or draft model (``trees.json`` in its folder); a
+    path: a JSON list of rank paths."""
     if tree is None or isinstance(tree, Tree):
         return tree
     if isinstance(tree, (int, np.integer)) and not isinstance(tree, bool):
+        if folder is None:
+            raise ValueError(f"--tree {tree}: a draft model passed as loaded params has no folder of fitted trees; "
+                             "pass a Tree or a JSON file of rank paths, e.g. [[0], [1], [0, 0]]")
         if not (folder / "trees.json").is_file():
             raise ValueError(f"--tree {tree}: the head in {folder} has no fitted trees (trees.json); pass a JSON file "
                              "of rank paths, e.g. [[0], [1], [0, 0]]")
@@ -88,27 +91,32 @@ def build(method: str, cfg: ModelConfig, *, target_params: dict | None = None, d
     ``draft_model``: for ``draft``, a path (.gguf, HF folder, or a slim folder sharing the target's
     embedding) or a loaded ``(ModelConfig, params)`` pair; for ``eagle3``/``medusa``, a head folder
     (default for all three: the draft model / head shipped for SmolLM2-135M-Instruct). Loaded in ``draft_dtype`` (default: the
-    target's). ``layerskip_layers`` defaults to half the depth. ``tree`` (eagle3, medusa): a ``Tree``, a node
-    count N (the N-node tree fitted for the head, from ``trees.json`` in its folder) or a JSON file of rank paths.
+    target's). ``layerskip_layers`` defaults to half the depth. ``tree`` (draft, eagle3, medusa): a ``Tree``, a node
+    count N (the N-node tree fitted for the head or draft model, from ``trees.json`` in its folder; a .gguf's
+    folder) or a JSON file of rank paths.
     ``min_confidence`` (draft): an adaptive chain, each row stopping after a draft below that probability.
     """
     if method not in METHODS:
         raise ValueError(f"unknown speculative method {method!r}; expected one of {', '.join(METHODS)}")
     if tree is not None and method not in TREE_METHODS:
-        raise ValueError(f"draft trees are drafted by {' and '.join(TREE_METHODS)}, not {method!r}")
+        raise ValueError(f"draft trees are drafted by {', '.join(TREE_METHODS)}, not {method!r}")
     if min_confidence and method != "draft":
         raise ValueError(f"min_confidence (an adaptive chain) is an option of the draft method, not {method!r}")
     if draft_dtype is None and target_params is not None:
         draft_dtype = target_params["embed"].dtype
     if method == "draft":
         if draft_model is None:
+            from specjax.heads import shipped
+            folder = shipped.path(SHIPPED_TARGET, "draft")
             dcfg, dparams = _shipped_draft(cfg, target_params, draft_dtype)
         else:
+            folder = None if isinstance(draft_model, tuple) else Path(draft_model).expanduser()
+            folder = folder if folder is None or folder.is_dir() else folder.parent
             dcfg, dparams = _load_draft_model(draft_model, target_params, draft_dtype)
         if dcfg.vocab_size != cfg.vocab_size:
             raise ValueError(f"draft model vocabulary ({dcfg.vocab_size} tokens) differs from the target's "
                              f"({cfg.vocab_size}); a draft model must share the target's tokenizer and vocabulary")
-        return DraftModel(dcfg, min_confidence=min_confidence), dparams
+        return DraftModel(dcfg, min_confidence=min_confidence, tree=_tree(tree, "draft", folder)), dparams
     if method == "layerskip":
         n = max(1, cfg.n_layers // 2) if layerskip_layers is None else int(layerskip_layers)
         return LayerSkip(n), exit_head

@@ -14,7 +14,8 @@ Heads (EAGLE-3, Medusa) declare the target hidden states they consume in ``taps`
 them over in ``Prefill.taps`` ([B, T, D] per tap) and ``Verified.taps`` ([B, K+1, D] per tap, for
 the fed tokens ``[last, d_1..d_K]``; the first ``num_new`` of them are now part of the context).
 With a draft tree (``Drafter.tree``), ``propose`` returns the N nodes' tokens (tree order, q None) and
-``Verified`` holds the fed tokens and taps along the accepted path, ``depth + 1`` rows: a chain's view.
+``Verified`` holds the fed tokens and taps along the accepted path, ``depth + 1`` rows: a chain's view (and in
+``nodes_BK1`` the path's node indices, for a drafter whose own cache holds the nodes' rows).
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class Verified:
     num_new_B: jax.Array  # int32 tokens emitted this cycle (0 if finished); fed_BK1[:, :num_new] joined the context
     lengths_B: jax.Array  # int32 new L (old L + num_new)
     last_B: jax.Array  # int32 new last token (the bonus/correction, or an earlier one if cut)
+    nodes_BK1: jax.Array | None = None  # trees: the accepted path's fed rows (root 0, its nodes; ``Verdict.nodes_BK1``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +94,8 @@ class Drafter:
 
     @property
     def tree(self) -> Tree | None:
-        """The static draft tree; drafters that draft trees (EAGLE-3, Medusa) have it as a field (None: a chain)."""
+        """The static draft tree; drafters that draft trees (draft model, EAGLE-3, Medusa) have it as a field (None: a
+        chain)."""
         return None
 
     def validate(self, cfg: ModelConfig, dp: Any, num_draft: int) -> None:

@@ -16,6 +16,13 @@ default) every cycle drafts K tokens in a ``lax.scan``. On SmolLM2 with the ship
 ``restrict_vocab`` keeps only N rows of the draft model's LM head (e.g. the N most frequent tokens, as FR-Spec
 does and as EAGLE-3's draft vocabulary is chosen): each draft step then reads N x D instead of V x D head weights.
 It stays lossless: the target verifies every draft, and when sampling q is the restricted distribution.
+
+With a ``tree`` the draft model drafts a static draft tree level by level, as ``Eagle3`` does: the children of a
+node are the draft model's top-ranked tokens at that node (over its draft vocabulary), and the nodes of depth d run
+as one forward of as many rows at position L + d, written to scratch slots L + i (node i), each seeing the context
+and its ancestors (``model.forward(tree_rows=...)``): one 2-token step and depth - 1 tree steps per cycle. The
+verifier picks a path (``verify.tree_verify``); ``update`` then moves that path's K/V rows to slots L+1, L+2, ...
+(``cache.gather_rows``), so the cache again mirrors the target's positions.
 """
 
 from __future__ import annotations
@@ -30,8 +37,9 @@ import numpy as np
 from specjax import cache as kv
 from specjax import model
 from specjax.config import ModelConfig
-from specjax.speculative.drafters.base import (Context, Drafter, Prefill, Proposal, check_min_confidence, confidence,
-                                               draw)
+from specjax.speculative.drafters.base import (Context, Drafter, Prefill, Proposal, Verified, check_min_confidence,
+                                               confidence, draw)
+from specjax.speculative.tree import Tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,10 +47,13 @@ class DraftModel(Drafter):
     name: ClassVar[str] = "draft"
     cfg: ModelConfig  # the draft model's config; draft params travel as ``dp``
     min_confidence: float = 0.0  # stop a row's chain after a draft below this probability (0: always K drafts)
+    tree: Tree | None = None  # a static draft tree (None: a chain)
 
     def validate(self, cfg: ModelConfig, dp, num_draft: int) -> None:
         super().validate(cfg, dp, num_draft)
         check_min_confidence(self)
+        if self.tree is not None and self.min_confidence:
+            raise ValueError("a draft tree drafts every node; min_confidence (an adaptive chain) applies to chains only")
         if self.cfg.vocab_size != cfg.vocab_size:
             raise ValueError(f"draft model vocabulary ({self.cfg.vocab_size} tokens) differs from the target's "
                              f"({cfg.vocab_size}); a draft model must share the target's tokenizer and vocabulary")
@@ -70,6 +81,9 @@ class DraftModel(Drafter):
         cache = kv.set_lengths(cache, L_B - 1)
         logits_B1V, _, cache = model.forward(dp, self.cfg, jnp.stack([prev_B, ctx.last_B], axis=1), cache,
                                              logits_index_BN=jnp.ones((L_B.shape[0], 1), jnp.int32))
+        if self.tree is not None:
+            nodes_BN, cache = self._tree_nodes(dp, cache, L_B, logits_B1V[:, 0])
+            return Proposal(nodes_BN, None), cache, target_cache
         tok_B, q_BV = draw(keys[0], logits_B1V[:, 0], ctx.sp, dp.get("vocab_ids"), cfg.vocab_size)
         if K == 1:
             return Proposal(tok_B[:, None], None if q_BV is None else q_BV[:, None]), cache, target_cache
@@ -85,6 +99,34 @@ class DraftModel(Drafter):
         tokens_BK = jnp.concatenate([tok_B[:, None], rest_NB.T], axis=1)
         q_BKV = None if q_BV is None else jnp.concatenate([q_BV[:, None], rest_q_NBV.transpose(1, 0, 2)], axis=1)
         return Proposal(tokens_BK, q_BKV), cache, target_cache
+
+    def _tree_nodes(self, dp, cache, L_B, logits_BV):
+        """Token ids [B, N] of the tree's nodes, from the logits at ``last`` (slot L) on; node i's K/V go to slot
+        L + i."""
+        tree, ids_N = self.tree, dp.get("vocab_ids")
+        visible_NN = tree.ancestors[1:, 1:]
+
+        def children(logits_BnV, d):  # the tokens of the nodes at depth d, from their parents' logits
+            top_BnR = jax.lax.top_k(logits_BnV, tree.top_k(d))[1]
+            lo, hi = tree.level(d)
+            plo = tree.level(d - 1)[0] if d > 1 else 0
+            rows_Bn = top_BnR[:, tree.parent[lo:hi] - plo, tree.ranks[lo:hi]]
+            return (rows_Bn if ids_N is None else jnp.take(ids_N, rows_Bn)).astype(jnp.int32)
+
+        toks = [children(logits_BV[:, None], 1)]
+        for d in range(1, tree.depth):
+            lo, hi = tree.level(d)
+            logits_BnV, _, cache = model.forward(dp, self.cfg, toks[-1], kv.set_lengths(cache, L_B + lo),
+                                                 tree_rows=(visible_NN[lo - 1:hi - 1], lo - 1, d))
+            toks.append(children(logits_BnV, d + 1))
+        return jnp.concatenate(toks, axis=1), cache
+
+    def update(self, tp, dp, cache: kv.KVCache, ver: Verified) -> kv.KVCache:
+        if self.tree is None:  # a chain's drafts sit at their positions already (rollback = the next set_lengths)
+            return cache
+        # the path's nodes 1..n: from slots L + node to L + 1..L + n (only the first n - 1 are read again)
+        start_B = ver.lengths_B - ver.num_new_B + 1
+        return kv.gather_rows(cache, start_B, jnp.maximum(ver.nodes_BK1[:, 1:] - 1, 0))
 
     def _next(self, dp, cache, tok_B, key, ctx: Context, cfg):
         """One 1-token draft step after ``tok_B``: (its logits [B, N], the next draft [B], its q or None, cache)."""
