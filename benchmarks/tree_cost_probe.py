@@ -1,7 +1,7 @@
 """Probe (GPU): what a draft-tree cycle costs against a chain's, SmolLM2 shape, random bf16 weights, B=1.
 
-    PYTHONPATH=.:benchmarks python3 benchmarks/tree_cost_probe.py [--sizes 15,31,63] [--cycles eagle3,medusa]
-        [--shape smollm2|llama3-8b] [--profile eagle3:15] [--no-rows]
+    PYTHONPATH=.:benchmarks python3 benchmarks/tree_cost_probe.py [--sizes 15,31,63] [--cycles eagle3,medusa,draft]
+        [--shape smollm2|llama3-8b] [--profile eagle3:15] [--profile-chain K] [--no-rows]
 
 Every piece runs N times inside one jit'ed ``fori_loop`` against a 1024-slot cache filled to 512, and its cost
 is (t(N=160) - t(N=40)) / 120 ms:
@@ -10,16 +10,19 @@ is (t(N=160) - t(N=40)) / 120 ms:
 - ``gather_rows``: moving a depth-7 path's K/V into place in all 30 layers (what a tree cycle adds after verify;
   one kernel on Hopper, ``SPECJAX_MOVE_ROWS=0``: XLA's ops; measured on loop-invariant caches, so not in place);
 - ``tree_verify``: greedy verification of the tree's rows (argmax + the ancestor check);
-- ``medusa propose`` / ``eagle3 propose``: the drafter's proposal alone (random heads), chain and tree.
+- ``medusa propose`` / ``eagle3 propose`` / ``draft propose``: the drafter's proposal alone (random heads; a random
+  2-layer draft model of the target's width over a 12288-token draft vocabulary, its fitted trees), chain and tree.
 (``--shape llama3-8b``: the forward rows only, 8 vs 32 calls.) Then whole cycles (``speculative_generate``;
 a random EAGLE-3 head accepts ~nothing, so its cycle emits one token): ms per
 cycle = the difference of a 256- and a 64-token run over the difference of their cycle counts.
-``--profile eagle3:15`` traces one 256-token run of the chain and of that tree and lists the GPU time per cycle
-by kernel kind, largest differences first (``--no-rows`` skips the looped pieces).
+``--profile eagle3:15`` traces one 256-token run of the chain (``--profile-chain K`` long, default the drafter's
+chain) and of that tree and lists the GPU time per cycle by kernel kind, largest differences first (``--no-rows``
+skips the looped pieces).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import time
 
@@ -35,6 +38,7 @@ from specjax import config, model, sampling
 from specjax.heads import eagle3, medusa, shipped
 from specjax.speculative import speculative_generate, verify
 from specjax.speculative.drafters.base import Context
+from specjax.speculative.drafters.draft_model import DraftModel, restrict_vocab
 from specjax.speculative.drafters.eagle3 import Eagle3
 from specjax.speculative.drafters.medusa import Medusa
 from specjax.speculative.tree import Tree
@@ -87,8 +91,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="15,31,63")
     ap.add_argument("--cycles", default="eagle3,medusa")
+    ap.add_argument("--drafters", default="eagle3,medusa,draft", help="whose trees and proposals the rows time")
     ap.add_argument("--smoke", action="store_true", help="2 vs 4 calls, one repeat (a CPU check that it runs)")
     ap.add_argument("--profile", default="", help="e.g. eagle3:15: GPU kernels per cycle, chain vs that tree (a trace)")
+    ap.add_argument("--profile-chain", type=int, default=0, help="the profiled chain's K (0: the drafter's chain; the draft model's chain rows too)")
     ap.add_argument("--no-rows", action="store_true", help="skip the looped pieces (forward ... propose)")
     ap.add_argument("--shape", default="smollm2", choices=("smollm2", "llama3-8b"),
                     help="llama3-8b: the forward rows only, for a model whose step reads 15 GB of weights")
@@ -100,7 +106,7 @@ def main():
     params = model.init_params(cfg, jax.random.key(0), dtype=jnp.bfloat16)
     cache = kv.set_lengths(kv.init_cache(cfg, 1, CAP, jnp.bfloat16), jnp.array([FILLED], jnp.int32))
     trees = {(k, n): Tree.load(shipped.ROOT / "smollm2-135m-instruct" / k / "trees.json", n, k)
-             for k in ("eagle3", "medusa") for n in map(int, args.sizes.split(","))}
+             for k in args.drafters.split(",") for n in map(int, args.sizes.split(","))}
     h = common.header()
     print(f"{h['device_kind']}, jax {h['jax']}, {h['date']}: {h['command']}", flush=True)
     print("| what | shape | ms | wall s |\n|---|---|---|---|", flush=True)
@@ -152,10 +158,15 @@ def main():
     ep = {"params": eagle3.init_params(ecfg, jax.random.key(1), dtype=jnp.bfloat16),
           "draft_ids": jnp.arange(12288, dtype=jnp.int32)}
     hcache = kv.set_lengths(eagle3.init_cache(ecfg, 1, CAP, jnp.bfloat16), jnp.array([FILLED], jnp.int32))
+    dcfg = dataclasses.replace(cfg, n_layers=2)
+    dcfg, ddp = restrict_vocab(dcfg, model.init_params(dcfg, jax.random.key(3), dtype=jnp.bfloat16),
+                               np.arange(12288))
+    dcache = kv.set_lengths(kv.init_cache(dcfg, 1, CAP, jnp.bfloat16), jnp.array([FILLED], jnp.int32))
     sp = sampling.SamplingParams.make()
     hist = jnp.zeros((1, CAP), jnp.int32)
-    drafters = {"medusa": (mp, lambda t: Medusa(mcfg, t), 4), "eagle3": (ep, lambda t: Eagle3(ecfg, t), 7)}
-    for k, (dp, make, chain_k) in drafters.items():
+    drafters = {"medusa": (mp, lambda t: Medusa(mcfg, t), 4), "eagle3": (ep, lambda t: Eagle3(ecfg, t), 7),
+                "draft": (ddp, lambda t: DraftModel(dcfg, tree=t), args.profile_chain or 5)}
+    for k, (dp, make, chain_k) in [(k, v) for k, v in drafters.items() if k in args.drafters.split(",")]:
         for label, tree in [("chain", None)] + [(f"tree {n}", t) for (kk, n), t in trees.items() if kk == k]:
             d = make(tree)
             K = chain_k if tree is None else tree.num_nodes
@@ -163,7 +174,7 @@ def main():
             def prop(arg, i, c, d=d, K=K, k=k):
                 p, dp, hc = arg
                 h_BD = jnp.full((1, cfg.d_model), 1.0, jnp.float32) + c  # not a constant: nothing folds
-                state = h_BD if k == "medusa" else {"cache": hc, "h_BD": h_BD}
+                state = {"medusa": h_BD, "draft": dcache}.get(k, {"cache": hc, "h_BD": h_BD})
                 ctx = Context(hist, jnp.array([FILLED], jnp.int32) + c, jnp.array([5]) + c, jax.random.key(0), sp,
                               num_draft=K)
                 prop, _, _ = d.propose(p, dp, state, ctx, None, cfg)
@@ -174,7 +185,8 @@ def main():
     if args.profile:
         k, _, n = args.profile.partition(":")
         dp, make, chain_k = drafters[k]
-        profile(params, cfg, prompt, {"chain": (make(None), dp, chain_k),
+        chain_k = args.profile_chain or chain_k
+        profile(params, cfg, prompt, {f"chain {chain_k}": (make(None), dp, chain_k),
                                       f"tree {n}": (make(trees[k, int(n)]), dp, None)})
     for k in [c for c in args.cycles.split(",") if c]:
         dp, make, chain_k = drafters[k]
