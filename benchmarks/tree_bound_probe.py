@@ -77,12 +77,15 @@ def prefixes(R: np.ndarray, rows) -> collections.Counter:
     return c
 
 
-def best_tree(counts: collections.Counter, size: int) -> set:
-    """The ``size`` most frequent rank prefixes, kept prefix-closed (a node only after its parent)."""
+def best_tree(counts: collections.Counter, size: int, max_depth: int | None = None) -> set:
+    """The ``size`` most frequent rank prefixes, kept prefix-closed (a node only after its parent), at most
+    ``max_depth`` deep."""
     tree = set()
     for tup, _ in sorted(counts.items(), key=lambda kv: (-kv[1], len(kv[0]), kv[0])):
         if len(tree) == size:
             break
+        if max_depth is not None and len(tup) > max_depth:
+            continue
         if len(tup) == 1 or tup[:-1] in tree:
             tree.add(tup)
     return tree
@@ -106,6 +109,9 @@ def main(argv=None) -> None:
     ap.add_argument("--new", type=int, default=96, help="new tokens")
     ap.add_argument("--write-trees", default="",
                     help="also write the fitted trees (JSON: drafter -> size -> paths) here")
+    ap.add_argument("--max-depths", default="",
+                    help="also fit trees at most this deep, e.g. 5,6 (written as drafter-dN, e.g. draft-d5): for a "
+                         "drafter whose every level costs a forward, a shallower tree of the same size may be faster")
     ap.add_argument("--drafters", default="eagle3,medusa,draft",
                     help="comma-separated shipped drafters to fit: eagle3, medusa, draft (the draft model over its "
                          "draft vocabulary)")
@@ -136,6 +142,11 @@ def main(argv=None) -> None:
         trees |= {f"tree {n} nodes": best_tree(counts, n) for n in SIZES}
         fitted[drafter] = {str(n): sorted(([int(r) for r in p] for p in trees[f"tree {n} nodes"]),
                                           key=lambda p: (len(p), p)) for n in SIZES}
+        for cap in [int(c) for c in a.max_depths.split(",") if c]:
+            capped = {n: best_tree(counts, n, cap) for n in SIZES}
+            trees |= {f"tree {n} nodes, depth <= {cap}": t for n, t in capped.items()}
+            fitted[f"{drafter}-d{cap}"] = {str(n): sorted(([int(r) for r in p] for p in t), key=lambda p: (len(p), p))
+                                           for n, t in capped.items()}
         print(f"\n{drafter}: tau (mean accepted length, bonus included) per set")
         print("| tree | " + " | ".join(tables) + " | max depth |")
         print("|---|" + "---|" * (len(tables) + 1))
