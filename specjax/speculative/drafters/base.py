@@ -144,6 +144,19 @@ def confidence(logits_BV: jax.Array, tok_B: jax.Array, q_BV: jax.Array | None) -
     return jnp.exp(jnp.max(l_BV, axis=-1) - jax.nn.logsumexp(l_BV, axis=-1))
 
 
+def tree_children(tree: Tree, logits_BnN: jax.Array, d: int) -> jax.Array:
+    """Logit columns [B, n_d] of the tree's nodes at depth d >= 1: node i is rank ``tree.ranks[i]`` of its parent's
+    row in ``logits_BnN``, the drafter's logits at the nodes of depth d - 1 (at depth 1: one row, the root's). Where
+    the depth takes only rank 0 this is an argmax (XLA's top-k kernel cost ~3.8 us a call on an H200,
+    benchmarks/NOTES.md item 45); both take the lowest column among ties."""
+    lo, hi = tree.level(d)
+    plo = tree.level(d - 1)[0] if d > 1 else 0
+    if tree.top_k(d) == 1:
+        return jnp.argmax(logits_BnN, axis=-1)[:, tree.parent[lo:hi] - plo].astype(jnp.int32)
+    top_BnR = jax.lax.top_k(logits_BnN, tree.top_k(d))[1]
+    return top_BnR[:, tree.parent[lo:hi] - plo, tree.ranks[lo:hi]]
+
+
 def check_min_confidence(drafter: Drafter) -> None:
     """Host-side check of a drafter's ``min_confidence`` field (drafters with an adaptive chain)."""
     c = drafter.min_confidence

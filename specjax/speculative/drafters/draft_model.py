@@ -38,7 +38,7 @@ from specjax import cache as kv
 from specjax import model
 from specjax.config import ModelConfig
 from specjax.speculative.drafters.base import (Context, Drafter, Prefill, Proposal, Verified, check_min_confidence,
-                                               confidence, draw)
+                                               confidence, draw, tree_children)
 from specjax.speculative.tree import Tree
 
 
@@ -107,10 +107,7 @@ class DraftModel(Drafter):
         visible_NN = tree.ancestors[1:, 1:]
 
         def children(logits_BnV, d):  # the tokens of the nodes at depth d, from their parents' logits
-            top_BnR = jax.lax.top_k(logits_BnV, tree.top_k(d))[1]
-            lo, hi = tree.level(d)
-            plo = tree.level(d - 1)[0] if d > 1 else 0
-            rows_Bn = top_BnR[:, tree.parent[lo:hi] - plo, tree.ranks[lo:hi]]
+            rows_Bn = tree_children(tree, logits_BnV, d)
             return (rows_Bn if ids_N is None else jnp.take(ids_N, rows_Bn)).astype(jnp.int32)
 
         toks = [children(logits_BV[:, None], 1)]

@@ -25,7 +25,8 @@ import jax.numpy as jnp
 
 from specjax import cache as kv
 from specjax.heads import eagle3
-from specjax.speculative.drafters.base import Context, Drafter, Prefill, Proposal, Verified, draw, row_at
+from specjax.speculative.drafters.base import (Context, Drafter, Prefill, Proposal, Verified, draw, row_at,
+                                               tree_children)
 from specjax.speculative.tree import Tree
 
 
@@ -95,10 +96,7 @@ class Eagle3(Drafter):
         visible_NN = tree.ancestors[1:, 1:]  # node i's row sits at slot L + i - 1
 
         def children(h_BnD, d):  # the draft ids of the nodes at depth d, from their parents' outputs
-            top_BnR = jax.lax.top_k(eagle3.logits(params, self.cfg, h_BnD), tree.top_k(d))[1]
-            lo, hi = tree.level(d)
-            plo = tree.level(d - 1)[0] if d > 1 else 0
-            return top_BnR[:, tree.parent[lo:hi] - plo, tree.ranks[lo:hi]]
+            return tree_children(tree, eagle3.logits(params, self.cfg, h_BnD), d)
 
         ids = [children(state["h_BD"][:, None], 1)]
         h_BnD = jnp.broadcast_to(state["h_BD"][:, None], (B, ids[0].shape[1], D))
