@@ -77,13 +77,13 @@ class DraftModel(Drafter):
         K = ctx.num_draft
         L_B = ctx.lengths_B
         prev_B = jnp.take_along_axis(ctx.history_BS, (L_B - 1)[:, None], axis=1)[:, 0]
-        keys = jax.random.split(ctx.key, K)
         cache = kv.set_lengths(cache, L_B - 1)
         logits_B1V, _, cache = model.forward(dp, self.cfg, jnp.stack([prev_B, ctx.last_B], axis=1), cache,
                                              logits_index_BN=jnp.ones((L_B.shape[0], 1), jnp.int32))
-        if self.tree is not None:
+        if self.tree is not None:  # its nodes are the top-ranked tokens: nothing drawn (q None, one-hot)
             nodes_BN, cache = self._tree_nodes(dp, cache, L_B, logits_B1V[:, 0])
             return Proposal(nodes_BN, None), cache, target_cache
+        keys = jax.random.split(ctx.key, K)
         tok_B, q_BV = draw(keys[0], logits_B1V[:, 0], ctx.sp, dp.get("vocab_ids"), cfg.vocab_size)
         if K == 1:
             return Proposal(tok_B[:, None], None if q_BV is None else q_BV[:, None]), cache, target_cache
