@@ -36,7 +36,8 @@ from specjax import model
 from specjax.files import atomic_write_text
 from specjax.heads import medusa, shipped
 from training import corpus, instructions
-from training.eagle3_ttt import NOT_PROPOSED, draft_model_ranks, tree_acceptance, true_ranks, ttt_logits
+from training.eagle3_ttt import (NOT_PROPOSED, draft_model_ranks, tree_acceptance, true_ranks, ttt_logits,
+                                 vocab_columns)
 from training.evaluate import heldout_prompts
 
 EAGLE3_STEPS = 7  # EAGLE-3's chain length (issue #4's K=7) and the depth of its trees
@@ -56,9 +57,7 @@ def rank_table(lm, heads: dict, text: np.ndarray) -> dict[str, np.ndarray]:
         ecfg, edp = heads["eagle3"]
         steps = ttt_logits(edp["params"], ecfg, tp["embed"], toks, tuple(by_layer[i] for i in ecfg.taps),
                            EAGLE3_STEPS)
-        inv = np.full(cfg.vocab_size, -1)
-        inv[np.asarray(edp["draft_ids"])] = np.arange(len(edp["draft_ids"]))
-        out["eagle3"] = true_ranks([s[0] for s in steps], text, lambda y: inv[y]).T
+        out["eagle3"] = true_ranks([s[0] for s in steps], text, vocab_columns(cfg.vocab_size, edp["draft_ids"])).T
     if "medusa" in heads:
         mcfg, mdp = heads["medusa"]
         out["medusa"] = true_ranks(list(medusa.logits(mdp, mcfg, by_layer[mcfg.taps[0]][0], tp)), text).T  # [J, T, V]
@@ -89,6 +88,11 @@ def best_tree(counts: collections.Counter, size: int, max_depth: int | None = No
         if len(tup) == 1 or tup[:-1] in tree:
             tree.add(tup)
     return tree
+
+
+def _json_paths(tree: set) -> list[list[int]]:
+    """A tree's rank paths as JSON lists, breadth-first (as ``Tree`` keeps them)."""
+    return sorted(([int(r) for r in p] for p in tree), key=lambda p: (len(p), p))
 
 
 def texts(lm, prompts: list[list[int]], new: int, depth: int) -> list[tuple[np.ndarray, int, int]]:
@@ -140,13 +144,11 @@ def main(argv=None) -> None:
             counts += prefixes(tabs[drafter], range(s - 1, e - 2))
         trees = {f"chain K={chain_len}": {(0,) * m for m in range(1, chain_len + 1)}}
         trees |= {f"tree {n} nodes": best_tree(counts, n) for n in SIZES}
-        fitted[drafter] = {str(n): sorted(([int(r) for r in p] for p in trees[f"tree {n} nodes"]),
-                                          key=lambda p: (len(p), p)) for n in SIZES}
+        fitted[drafter] = {str(n): _json_paths(trees[f"tree {n} nodes"]) for n in SIZES}
         for cap in [int(c) for c in a.max_depths.split(",") if c]:
             capped = {n: best_tree(counts, n, cap) for n in SIZES}
             trees |= {f"tree {n} nodes, depth <= {cap}": t for n, t in capped.items()}
-            fitted[f"{drafter}-d{cap}"] = {str(n): sorted(([int(r) for r in p] for p in t), key=lambda p: (len(p), p))
-                                           for n, t in capped.items()}
+            fitted[f"{drafter}-d{cap}"] = {str(n): _json_paths(t) for n, t in capped.items()}
         print(f"\n{drafter}: tau (mean accepted length, bonus included) per set")
         print("| tree | " + " | ".join(tables) + " | max depth |")
         print("|---|" + "---|" * (len(tables) + 1))

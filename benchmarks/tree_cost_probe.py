@@ -94,7 +94,8 @@ def main():
     ap.add_argument("--drafters", default="eagle3,medusa,draft", help="whose trees and proposals the rows time")
     ap.add_argument("--smoke", action="store_true", help="2 vs 4 calls, one repeat (a CPU check that it runs)")
     ap.add_argument("--profile", default="", help="e.g. eagle3:15: GPU kernels per cycle, chain vs that tree (a trace)")
-    ap.add_argument("--profile-chain", type=int, default=0, help="the profiled chain's K (0: the drafter's chain; the draft model's chain rows too)")
+    ap.add_argument("--profile-chain", type=int, default=0,
+                    help="the profiled chain's K (0: the drafter's chain; the draft model's chain rows too)")
     ap.add_argument("--no-rows", action="store_true", help="skip the looped pieces (forward ... propose)")
     ap.add_argument("--shape", default="smollm2", choices=("smollm2", "llama3-8b"),
                     help="llama3-8b: the forward rows only, for a model whose step reads 15 GB of weights")

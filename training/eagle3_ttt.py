@@ -114,25 +114,30 @@ def true_ranks(logits_per_step, text_T, to_column=lambda y: y) -> np.ndarray:
     return out
 
 
+def vocab_columns(vocab_size: int, ids_N=None):
+    """``true_ranks``' ``to_column`` for logits over a reduced vocabulary ``ids_N`` (column i is token ``ids_N[i]``):
+    token id -> column, -1 outside it; the identity when ``ids_N`` is None (logits over the whole vocabulary)."""
+    if ids_N is None:
+        return lambda y: y
+    inv = np.full(vocab_size, -1)
+    inv[np.asarray(ids_N)] = np.arange(len(ids_N))
+    return lambda y: inv[y]
+
+
 def draft_model_ranks(cfg, dp: dict, text_T, num_steps: int) -> np.ndarray:
     """``true_ranks`` for a draft model (``DraftModel``; ``cfg`` its ``ModelConfig``): along the accepted path it is
     fed the true tokens, so step j at row t is its logits at position t + 1 + j of one forward over ``text_T``. Over
     its draft vocabulary when it has one (``params["vocab_ids"]``)."""
     logits_TN = np.asarray(model.forward(dp, cfg, jnp.asarray(text_T, jnp.int32)[None])[0][0])
-    ids = dp.get("vocab_ids")
-    if ids is None:
-        return true_ranks([logits_TN[1 + j:] for j in range(num_steps)], text_T)
-    inv = np.full(cfg.vocab_size, -1)
-    inv[np.asarray(ids)] = np.arange(len(ids))
-    return true_ranks([logits_TN[1 + j:] for j in range(num_steps)], text_T, lambda y: inv[y])
+    return true_ranks([logits_TN[1 + j:] for j in range(num_steps)], text_T,
+                      vocab_columns(cfg.vocab_size, dp.get("vocab_ids")))
 
 
 def draft_ranks(tp: dict, cfg: eagle3.Eagle3Config, dp: dict, text_T, num_steps: int) -> np.ndarray:
     """``true_ranks`` of the head's unrolled steps over ``text_T``, in its draft vocabulary (the rank 0 draft is
     ``greedy_drafts``'); tokens outside the draft vocabulary are ``NOT_PROPOSED``."""
-    inv = np.full(cfg.target.vocab_size, -1)
-    inv[np.asarray(dp["draft_ids"])] = np.arange(cfg.draft_vocab_size)
-    return true_ranks([s[0] for s in _unroll(tp, cfg, dp, text_T, num_steps)], text_T, lambda y: inv[y])
+    return true_ranks([s[0] for s in _unroll(tp, cfg, dp, text_T, num_steps)], text_T,
+                      vocab_columns(cfg.target.vocab_size, dp["draft_ids"]))
 
 
 def tree_acceptance(ranks_JT, paths, start: int, end: int):

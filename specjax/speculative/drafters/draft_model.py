@@ -53,7 +53,8 @@ class DraftModel(Drafter):
         super().validate(cfg, dp, num_draft)
         check_min_confidence(self)
         if self.tree is not None and self.min_confidence:
-            raise ValueError("a draft tree drafts every node; min_confidence (an adaptive chain) applies to chains only")
+            raise ValueError("a draft tree drafts every node; min_confidence (an adaptive chain) applies to chains "
+                             "only")
         if self.cfg.vocab_size != cfg.vocab_size:
             raise ValueError(f"draft model vocabulary ({self.cfg.vocab_size} tokens) differs from the target's "
                              f"({cfg.vocab_size}); a draft model must share the target's tokenizer and vocabulary")
