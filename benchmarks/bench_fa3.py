@@ -8,8 +8,10 @@ round (``measure_row``), so that none is always timed first after the previous r
 only takes fp16, so its column is filled on fp16 rows. ``specjax`` is the kernel with
 ``default_config(hd, S, causal)`` (the tuned pick; the model's dispatch passes causal=True) and the static
 mask (``causal="top_left"`` or ``"none"``: k_end computed in the kernel, as cuDNN gets ``is_causal``);
-``specjax_kend`` the same kernel and config with the mask as a ``k_end`` array (``key_end``: the general
-path, with an XLA op for the tiles' bounds before the kernel);
+``specjax_kend`` the same kernel with the mask as a ``k_end`` array (``key_end``: the general
+path, with an XLA op for the tiles' bounds before the kernel) and the array form's pick,
+``default_config(hd, S, causal, mask_array=True)``: the same config but on ``TUNED_ARRAYS``' rows
+(until 2026-12-05's ``_h100v23`` table the column always took the static form's config);
 ``--variants`` also times both fixed
 variants in the same process: one CTA per tile (``specjax_grid``) and the persistent grid
 (``specjax_persistent``, ``num_ctas`` = the device's SM count), and ``specjax_overlap``:
@@ -69,7 +71,8 @@ def _impls(S: int, hd: int, causal: bool, dtype, persistent_ctas: int | None):
         f8 = fp8_config(hd, S, causal)
         return (B, S, H, hd), {"specjax": specjax(f8), "specjax_kend": kend_form(f8), "specjax_bf16": specjax(tuned),
                                "cudnn": cudnn}
-    impls = {"specjax": specjax(tuned), "specjax_kend": kend_form(tuned), "cudnn": cudnn}
+    impls = {"specjax": specjax(tuned), "specjax_kend": kend_form(default_config(hd, S, causal, mask_array=True)),
+             "cudnn": cudnn}
     if persistent_ctas:  # both fixed variants, and default_config's schedule with overlap
         impls["specjax_grid"] = specjax(default_config(hd))
         impls["specjax_persistent"] = specjax(

@@ -76,7 +76,7 @@ def attend(q_BTHd: jax.Array, k_BSGd: jax.Array, v_BSGd: jax.Array,
     B, T, S = q_BTHd.shape[0], q_BTHd.shape[1], k_BSGd.shape[1]
     kend_BT = key_end(B, T, S, causal="positions", q_pos_BT=q_pos_BT)
     return flash_attention(q_BTHd, k_BSGd, v_BSGd, kend_BT, None,
-                           default_config(q_BTHd.shape[3], S, causal=True))
+                           default_config(q_BTHd.shape[3], S, causal=True, mask_array=True))
 
 
 def tree_bits(visible_TW: np.ndarray) -> np.ndarray | None:

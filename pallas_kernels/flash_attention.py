@@ -9,8 +9,8 @@ One CTA owns ``2 * block_q`` query rows of one (batch, head). Three warpgroups:
     does its online softmax (exp2, scale folded into one FMA), so the tensor cores stay busy.
     QK^T is wgmma SMEM x SMEM; PV is wgmma with P in registers (A operand) into the running acc.
   ``num_stages=1, alternate_gemms=True``: cuDNN's hd 256 form, one 128-key K and V buffer, the wgmmas
-  in turns QK QK PV PV so each refill has two GEMMs of time (``TUNED`` past 2k keys, causal past 8k;
-  NOTES v13).
+  in turns QK QK PV PV so each refill has two GEMMs of time (``TUNED``: every non-causal length, balanced
+  persistent up to 2k keys and past 8k; causal past 8k; NOTES v13, v23).
   ``TuningConfig(consumers=3)``: FA3's hd 64 form, three consumers of 160 registers (wg 3 produces,
   with 32) over ``3 * block_q`` rows, without the ping-pong rendezvous (pallas_kernels/NOTES.md, v10).
   float8_e4m3fn inputs (forward only, ``fp8_config``): 8-bit wgmma reads both operands K-major, so
@@ -30,8 +30,7 @@ after the PV's wait at hd 256, where that measured faster. The ping-pong with th
 kept (two ``schedule`` rendezvous per step, as without overlap). A consumer then holds O, S / P of
 block j in float32 and the 16-bit P of block j - 1 in registers: ``max_overlap_block_kv`` bounds
 block_kv per head dim (``overlap_config`` picks it). ``default_config`` uses it where it measured
-faster (``TUNED``: hd 128 non-causal up to 4k keys, hd 256 non-causal up to 2k and causal from 513
-to 8k keys).
+faster (``TUNED``: hd 128 non-causal up to 4k keys, hd 256 causal from 513 to 8k keys).
 
 Masking is one rule: key ``s`` is visible to query row ``t`` of batch ``b`` iff ``s < k_end[b, t]``
 (see ``key_end``). It expresses non-causal, causal top-left, causal bottom-right (KV-cache offsets),
@@ -303,13 +302,15 @@ class TuningConfig:
 # non-causal up to 4k to an H100 probe of the overlap with O rescaled early (..._hd128early.txt); hd 128
 # from 8k keys to 192-key blocks, which fit once the Mosaic GPU reduction scratch was dropped (NOTES "v7");
 # "+c3": three consumer warpgroups (192-row items), hd 64 non-causal 4k < S <= 8k, an H200 probe (NOTES "v10");
-# "+spare": a spare Q tile (``spare_q``), hd 256 up to 2k (causal 1k) keys, three H200 probes (NOTES "v11");
+# "+spare": a spare Q tile (``spare_q``), hd 256 causal up to 1k keys (non-causal up to 2k until v23), three H200
+# probes (NOTES "v11");
 # "+1stage+turns": cuDNN's hd 256 form, 128-key blocks with one K/V stage (``num_stages=1``) and the wgmmas in
 # the order QK QK PV PV (``alternate_gemms``), hd 256 non-causal past 2k keys and causal past 8k, H200 probes (NOTES "v13");
 # "+prefetch": the next item's k_end loads one item ahead, the persistent picks without overlap at hd 64 / 128 up to
 # the lengths probed (16k non-causal at hd 64 not), H200 probes (NOTES "v14"); with overlap it measured slower.
 # "+kend": a static mask runs as k_end arrays (``kernel_mask=False``), hd 64 non-causal, an H200 table and probe (NOTES "v17").
 # "balanced" with v18's snake at hd 128 causal 4k < S <= 8k and hd 64 causal past 8k: an H200 probe (NOTES "v19").
+# hd 256 non-causal up to 2k keys: the balanced one-stage form with turns, an H100 probe (NOTES "v23").
 TUNED = {
     (64, False): ((4096, 256, "persistent+prefetch+kend"), (8192, 128, "persistent+c3+prefetch+kend"),
                   (None, 256, "persistent+kend")),
@@ -317,24 +318,33 @@ TUNED = {
                  (None, 256, "balanced+prefetch")),
     (128, False): ((4096, 128, "persistent+overlap"), (None, 192, "grid")),
     (128, True): ((4096, 128, "persistent+prefetch"), (8192, 128, "balanced"), (None, 192, "grid")),
-    (256, False): ((2048, 64, "persistent+overlap+spare"), (8192, 128, "grid+1stage+turns"),
+    (256, False): ((2048, 128, "balanced+1stage+turns"), (8192, 128, "grid+1stage+turns"),
                    (None, 128, "balanced+1stage+turns")),
     (256, True): ((512, 64, "persistent+spare"), (1024, 64, "persistent+overlap+spare"), (2048, 64, "persistent+overlap"),
                   (8192, 64, "balanced+overlap"), (None, 128, "grid+1stage+turns")),
 }
+# Rows whose pick above is balanced where a mask passed as a ``k_end`` array takes another: for an array the
+# balanced order is sorted by XLA before the kernel, and these short rows lost 12-18 % with it (hd 256
+# non-causal 512-2k on an H100: 417-590 TFLOPS balanced against 506-671 with this pick; NOTES "v23").
+TUNED_ARRAYS = {
+    (256, False): ((2048, 64, "persistent+overlap+spare"),),
+}
 
 
-def default_config(head_dim: int, kv_len: int | None = None, causal: bool = False) -> TuningConfig:
+def default_config(head_dim: int, kv_len: int | None = None, causal: bool = False,
+                   mask_array: bool = False) -> TuningConfig:
     """The tuned config for this head dim, key length and mask (``TUNED``). ``causal`` only steers
     the choice (the kernel reads the mask from ``k_end`` either way): causal tiles differ in work,
     so long causal rows want the balanced persistent schedule or the one-CTA-per-tile grid, while
-    equal tiles want the persistent grid. Without ``kv_len``: the largest KV block that fits 227 KiB
-    with a 2-deep ring, one CTA per tile (the untuned base the sweeps start from). The persistent
-    grid has one CTA per SM of the first device."""
+    equal tiles want the persistent grid. ``mask_array``: the mask comes as a ``k_end`` array, not a
+    static mask (``TUNED_ARRAYS`` rows first). Without ``kv_len``: the largest KV block that fits
+    227 KiB with a 2-deep ring, one CTA per tile (the untuned base the sweeps start from). The
+    persistent grid has one CTA per SM of the first device."""
     base = {64: 256, 128: 128, 256: 64}.get(head_dim, 64)
     if kv_len is None or (head_dim, bool(causal)) not in TUNED:
         return TuningConfig(block_kv=base)
-    for longest, block_kv, schedule in TUNED[head_dim, bool(causal)]:
+    rows = TUNED_ARRAYS.get((head_dim, bool(causal)), ()) if mask_array else ()
+    for longest, block_kv, schedule in (*rows, *TUNED[head_dim, bool(causal)]):
         if longest is None or kv_len <= longest:
             break
     schedule, *flags = schedule.split("+")
@@ -1133,8 +1143,9 @@ def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT=None, *, causal: str | N
     ``key_end(B, T, S, causal=causal)`` computed inside the kernel: no XLA op before it and no
     ``k_end`` loads in it, with the same outputs. ``config`` defaults to ``default_config(d, S, causal)``
     (``fp8_config(d, S, causal)`` for float8) with ``causal`` true for a causal static mask; with
-    ``kend_BT`` to the non-causal tuning, so causal callers of that form pass ``default_config(d, S,
-    causal=True)`` (the mask itself always comes from ``kend_BT`` or ``causal``)."""
+    ``kend_BT`` to the non-causal tuning for arrays (``mask_array=True``), so causal callers of that
+    form pass ``default_config(d, S, causal=True, mask_array=True)`` (the mask itself always comes
+    from ``kend_BT`` or ``causal``)."""
     if (kend_BT is None) == (causal is None) or (causal is not None and causal not in STATIC_MASKS):
         raise ValueError(f"pass either kend_BT (a [B, T] int32 array, see key_end) or causal, one of "
                          f"{STATIC_MASKS}; got kend_BT {'None' if kend_BT is None else 'given'}, "
@@ -1143,7 +1154,8 @@ def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT=None, *, causal: str | N
     _check(q_BTHd, k_BSGd, v_BSGd, jax.ShapeDtypeStruct((B, T), jnp.int32) if kend_BT is None else kend_BT)
     itemsize = jnp.dtype(q_BTHd.dtype).itemsize
     is_causal = causal not in (None, "none")
-    cfg = config or (fp8_config(d, S, is_causal) if itemsize == 1 else default_config(d, S, causal=is_causal))
+    cfg = config or (fp8_config(d, S, is_causal) if itemsize == 1
+                     else default_config(d, S, causal=is_causal, mask_array=kend_BT is not None))
     cfg.check_head_dim(d, itemsize)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     rows = cfg.rows

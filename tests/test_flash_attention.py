@@ -226,8 +226,8 @@ def test_default_config_follows_the_tuned_table():
                                      (128, 4096, True, "persistent+prefetch", 128), (128, 4097, True, "balanced", 128),
                                      (128, 8192, True, "balanced", 128), (128, 8193, True, "grid", 192),
                                      (128, 4096, False, "persistent+overlap", 128),
-                                     (128, 16384, False, "grid", 192), (256, 512, False, "persistent+overlap+spare", 64),
-                                     (256, 2048, False, "persistent+overlap+spare", 64),
+                                     (128, 16384, False, "grid", 192), (256, 512, False, "balanced+1stage+turns", 128),
+                                     (256, 2048, False, "balanced+1stage+turns", 128),
                                      (256, 2049, False, "grid+1stage+turns", 128),
                                      (256, 8192, False, "grid+1stage+turns", 128),
                                      (256, 16384, False, "balanced+1stage+turns", 128),
@@ -814,15 +814,33 @@ def _same_o(got, want):
 
 def test_static_mask_without_config_takes_the_causal_tuning(monkeypatch):
     """``flash_attention_fwd(..., causal=...)`` without a config: ``default_config(d, S, causal)`` with
-    ``causal`` true for the causal masks; a ``k_end`` array: the non-causal tuning."""
+    ``causal`` true for the causal masks; a ``k_end`` array: the non-causal tuning for arrays."""
     import pallas_kernels.flash_attention as fa
     seen, real = [], fa.default_config
-    monkeypatch.setattr(fa, "default_config", lambda *a, **k: seen.append(k.get("causal", False)) or real(*a, **k))
+    monkeypatch.setattr(fa, "default_config", lambda *a, **k: seen.append(
+        (k.get("causal", False), k.get("mask_array", False))) or real(*a, **k))
     q = jax.ShapeDtypeStruct((1, 1000, 16, 128), jnp.bfloat16)
     for causal in STATIC_MASKS:
         jax.jit(functools.partial(flash_attention_fwd, causal=causal)).trace(q, q, q)
     jax.jit(flash_attention_fwd).trace(q, q, q, jax.ShapeDtypeStruct((1, 1000), jnp.int32))
-    assert seen == [False, True, True, False]
+    assert seen == [(False, False), (True, False), (True, False), (False, True)]
+
+
+def test_mask_arrays_skip_the_balanced_order_where_tuned_arrays_says():
+    """``TUNED_ARRAYS``: hd 256 non-causal up to 2k keys runs balanced for a static mask (a constant
+    order) but, for a ``k_end`` array (whose order XLA would sort before the kernel), the persistent
+    grid with overlap and a spare Q tile; past 2k, and for every other row, both forms agree."""
+    for S in (512, 2048):
+        static, array = default_config(256, S), default_config(256, S, mask_array=True)
+        assert (sched(static), static.block_kv) == ("balanced+1stage+turns", 128)
+        assert (sched(array), array.block_kv) == ("persistent+overlap+spare", 64)
+    for hd, S, causal in ((256, 2049, False), (256, 16384, False), (256, 512, True), (128, 8192, True),
+                          (64, 16384, True), (128, 512, False)):
+        assert default_config(hd, S, causal, mask_array=True) == default_config(hd, S, causal), (hd, S, causal)
+    x = jax.ShapeDtypeStruct((16, 1024, 8, 256), jnp.bfloat16)
+    kend = key_end(16, 1024, 1024, causal="none")
+    assert "sort" in _hlo_ops(lambda q, k, v: flash_attention_fwd(q, k, v, kend, config=default_config(256, 1024)), x)
+    assert "sort" not in _hlo_ops(lambda q, k, v: flash_attention_fwd(q, k, v, kend), x)
 
 
 def test_kernel_mask_false_runs_a_static_mask_as_its_kend_arrays():

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# One device call (<= 10 min) on an H100 (nvidia-h100-x1), from the repo root, carrying .whl (gguf, pytest-xdist,
+# execnet):
+#   bash benchmarks/fa3_h100_gpu.sh
+#   RUN_FP8=0 TAG=_h100v23 TESTS_K="tuned_configs and hd256" bash benchmarks/fa3_h100_gpu.sh   # v23's table
+# The FA3 forward as it is (v19's TUNED picks, fitted on H200s) on the first H100 lent since 2026-11-28: the 16-bit
+# table (bench_fa3.py, 4 rounds, cuDNN and attention_mgpu in the same process), the GPU tests of every TUNED config
+# (float32 reference, static masks against their k_end arrays, the model's dispatch, FP8), then the FP8 table.
+# Log: $OUT/fa3_h100_log.txt; tables fa3_<device>_<date>${TAG}.{json,md} and ..${TAG}fp8.* into $OUT.
+set -uo pipefail
+source benchmarks/device_lib.sh  # probe_setup, step
+probe_setup /tmp/fa3h100_out fa3_h100_log.txt
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+step table "${TABLE_S:-290}" 80 python3 benchmarks/bench_fa3.py --rounds 4 --tag "${TAG:-_h100}" --out "$OUT"
+step gpu_tests "${TESTS_S:-150}" 25 python3 -m pytest -m gpu tests/test_flash_attention.py -q -rfEs \
+  -p no:cacheprovider --tb=short -n 8 \
+  -k "${TESTS_K:-tuned_configs or static_mask or dispatch or gpu_fp8}"
+[ "${RUN_FP8:-1}" = 1 ] && step fp8_table "${FP8_S:-140}" 40 python3 benchmarks/bench_fa3.py --fp8 --tag "${TAG:-_h100}fp8" --out "$OUT"
+true
