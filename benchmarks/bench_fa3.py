@@ -11,7 +11,7 @@ mask (``causal="top_left"`` or ``"none"``: k_end computed in the kernel, as cuDN
 ``specjax_kend`` the same kernel with the mask as a ``k_end`` array (``key_end``: the general
 path, with an XLA op for the tiles' bounds before the kernel) and the array form's pick,
 ``default_config(hd, S, causal, mask_array=True)``: the same config but on ``TUNED_ARRAYS``' rows
-(until 2026-12-05's ``_h100v23`` table the column always took the static form's config);
+(up to and including 2026-12-05's ``_h100v23`` table the column took the static form's config);
 ``--variants`` also times both fixed
 variants in the same process: one CTA per tile (``specjax_grid``) and the persistent grid
 (``specjax_persistent``, ``num_ctas`` = the device's SM count), and ``specjax_overlap``:
