@@ -2,7 +2,9 @@
 # device_heads.sh, device_identity.sh, decode_probe_gpu.sh, ab_probe_gpu.sh, fa3_ncu_gpu.sh,
 # fa3_onestage_gpu.sh, fa3_turns_gpu.sh, fa3_turns2_gpu.sh, fa3_turns_final_gpu.sh, fa3_prefetch*_gpu.sh, fa3_bounds_gpu.sh,
 # fa3_rounds_gpu.sh, fa3_static_gpu.sh, fa3_late_gpu.sh, fa3_produce_gpu.sh,
-# fa3_retune_gpu.sh, fa3_snake_gpu.sh, fa3_h100_gpu.sh, fa3_h100_probe_gpu.sh. The helpers
+# fa3_retune_gpu.sh, fa3_snake_gpu.sh, fa3_h100_gpu.sh, fa3_h100_probe_gpu.sh, fa3_balanced_probe_gpu.sh,
+# fa3_h100_rows_probe_gpu.sh, fa3_h100_rows2_probe_gpu.sh, fa3_h100_hd256_probe_gpu.sh,
+# fa3_h100_deep_probe_gpu.sh. The helpers
 # they share.
 
 # The carried pure-Python wheels (.whl/, e.g. gguf) into /tmp/site, which the scripts put on PYTHONPATH. The FA3

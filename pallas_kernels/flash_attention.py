@@ -10,7 +10,7 @@ One CTA owns ``2 * block_q`` query rows of one (batch, head). Three warpgroups:
     QK^T is wgmma SMEM x SMEM; PV is wgmma with P in registers (A operand) into the running acc.
   ``num_stages=1, alternate_gemms=True``: cuDNN's hd 256 form, one 128-key K and V buffer, the wgmmas
   in turns QK QK PV PV so each refill has two GEMMs of time (``TUNED``: every non-causal length, balanced
-  persistent up to 2k keys and past 8k; causal past 8k; NOTES v13, v23).
+  persistent up to 2k keys, the grid past that; causal past 8k; NOTES v13, v23, v24).
   ``TuningConfig(consumers=3)``: FA3's hd 64 form, three consumers of 160 registers (wg 3 produces,
   with 32) over ``3 * block_q`` rows, without the ping-pong rendezvous (pallas_kernels/NOTES.md, v10).
   float8_e4m3fn inputs (forward only, ``fp8_config``): 8-bit wgmma reads both operands K-major, so
@@ -301,7 +301,8 @@ class TuningConfig:
 # the overlap configs against those (fa3_tune_h200_2026-11-28_overlap.*, NOTES "v6"); hd 128
 # non-causal up to 4k to an H100 probe of the overlap with O rescaled early (..._hd128early.txt); hd 128
 # from 8k keys to 192-key blocks, which fit once the Mosaic GPU reduction scratch was dropped (NOTES "v7");
-# "+c3": three consumer warpgroups (192-row items), hd 64 non-causal 4k < S <= 8k, an H200 probe (NOTES "v10");
+# "+c3": three consumer warpgroups (192-row items), hd 64 non-causal 4k < S <= 8k, an H200 probe (NOTES "v10"), and
+# past 8k with a 3-deep K/V ring ("+3stage"), two H100 probes (NOTES "v24");
 # "+spare": a spare Q tile (``spare_q``), hd 256 causal up to 1k keys (non-causal up to 2k until v23), three H200
 # probes (NOTES "v11");
 # "+1stage+turns": cuDNN's hd 256 form, 128-key blocks with one K/V stage (``num_stages=1``) and the wgmmas in
@@ -310,23 +311,27 @@ class TuningConfig:
 # the lengths probed (16k non-causal at hd 64 not), H200 probes (NOTES "v14"); with overlap it measured slower.
 # "+kend": a static mask runs as k_end arrays (``kernel_mask=False``), hd 64 non-causal, an H200 table and probe (NOTES "v17").
 # "balanced" with v18's snake at hd 128 causal 4k < S <= 8k and hd 64 causal past 8k: an H200 probe (NOTES "v19").
-# hd 256 non-causal up to 2k keys: the balanced one-stage form with turns, an H100 probe (NOTES "v23").
+# hd 256 non-causal up to 2k keys: the balanced one-stage form with turns, an H100 probe (NOTES "v23"); past 8k the
+# grid, as from 2k to 8k, and hd 64 non-causal 1k < S <= 2k balanced with the static mask: two H100 probes (NOTES "v24").
 TUNED = {
-    (64, False): ((4096, 256, "persistent+prefetch+kend"), (8192, 128, "persistent+c3+prefetch+kend"),
-                  (None, 256, "persistent+kend")),
+    (64, False): ((1024, 256, "persistent+prefetch+kend"), (2048, 256, "balanced+prefetch"),
+                  (4096, 256, "persistent+prefetch+kend"), (8192, 128, "persistent+c3+prefetch+kend"),
+                  (None, 128, "persistent+c3+3stage+prefetch+kend")),
     (64, True): ((1024, 128, "persistent+prefetch"), (8192, 256, "persistent+prefetch"),
                  (None, 256, "balanced+prefetch")),
     (128, False): ((4096, 128, "persistent+overlap"), (None, 192, "grid")),
     (128, True): ((4096, 128, "persistent+prefetch"), (8192, 128, "balanced"), (None, 192, "grid")),
-    (256, False): ((2048, 128, "balanced+1stage+turns"), (8192, 128, "grid+1stage+turns"),
-                   (None, 128, "balanced+1stage+turns")),
+    (256, False): ((2048, 128, "balanced+1stage+turns"), (None, 128, "grid+1stage+turns")),
     (256, True): ((512, 64, "persistent+spare"), (1024, 64, "persistent+overlap+spare"), (2048, 64, "persistent+overlap"),
                   (8192, 64, "balanced+overlap"), (None, 128, "grid+1stage+turns")),
 }
 # Rows whose pick above is balanced where a mask passed as a ``k_end`` array takes another: for an array the
 # balanced order is sorted by XLA before the kernel, and these short rows lost 12-18 % with it (hd 256
-# non-causal 512-2k on an H100: 417-590 TFLOPS balanced against 506-671 with this pick; NOTES "v23").
+# non-causal 512-2k on an H100: 417-590 TFLOPS balanced against 506-671 with this pick; NOTES "v23"). hd 64
+# non-causal up to 2k keeps its neighbours' pick (with arrays the balanced one ran 322-447 TFLOPS against
+# 405-491 at 512-2k keys in an H100 probe; NOTES "v24").
 TUNED_ARRAYS = {
+    (64, False): ((2048, 256, "persistent+prefetch+kend"),),
     (256, False): ((2048, 64, "persistent+overlap+spare"),),
 }
 
@@ -349,7 +354,7 @@ def default_config(head_dim: int, kv_len: int | None = None, causal: bool = Fals
             break
     schedule, *flags = schedule.split("+")
     extra = dict(overlap="overlap" in flags, consumers=3 if "c3" in flags else 2, spare_q="spare" in flags,
-                 num_stages=1 if "1stage" in flags else 2, alternate_gemms="turns" in flags,
+                 num_stages=next((int(f[0]) for f in flags if f.endswith("stage")), 2), alternate_gemms="turns" in flags,
                  prefetch="prefetch" in flags, kernel_mask="kend" not in flags)
     if schedule == "grid":
         return TuningConfig(block_kv=block_kv, **extra)

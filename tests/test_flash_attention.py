@@ -173,14 +173,18 @@ def test_overlap_converts_p_only_after_the_pv_wait(hd, persistent):
 
 
 def test_overlap_config_and_register_limit():
-    """overlap_config keeps default_config's schedule and caps block_kv (hd64: 256 -> 128, hd 256's
-    one-stage 128-key picks: 64 keys, two stages); a
+    """overlap_config keeps default_config's schedule and caps block_kv (hd64: 256 -> 128, three
+    consumers' picks at hd 64: 64 keys, hd 256's one-stage 128-key picks: 64 keys, two stages); a
     block_kv past the register budget is a ValueError naming the limit."""
     for hd, bkv in ((64, 128), (128, 128), (256, 64)):
         assert max_overlap_block_kv(hd) == bkv
         for S in (None, 512, 16384):
             cfg, base = overlap_config(hd, S), default_config(hd, S)
-            assert cfg == dataclasses.replace(base, overlap=True, block_kv=bkv, num_stages=2,
+            want = bkv
+            if base.consumers == 3:   # hd 64 non-causal past 4k keys (TUNED's "+c3")
+                assert (hd, S, max_overlap_block_kv(hd, 3)) == (64, 16384, 64)
+                want = 64
+            assert cfg == dataclasses.replace(base, overlap=True, block_kv=want, num_stages=2,
                                               alternate_gemms=False), (hd, S)
     assert default_config(256, 16384).num_stages == 1   # a one-stage pick: overlap_config's ring has two
     for hd, bkv in ((64, 256), (128, 192), (256, 128)):
@@ -203,7 +207,7 @@ def test_shared_memory_overflow_is_a_clear_error():
 
 def sched(cfg: TuningConfig) -> str:
     name = "balanced" if cfg.balanced else "persistent" if cfg.persistent else "grid"
-    return name + ("+overlap" if cfg.overlap else "") + ("+c3" if cfg.consumers == 3 else "") + ("+spare" if cfg.spare_q else "") + ("+1stage" if cfg.num_stages == 1 else "") + ("+turns" if cfg.alternate_gemms else "") + ("+prefetch" if cfg.prefetch else "") + ("+kend" if not cfg.kernel_mask else "")
+    return name + ("+overlap" if cfg.overlap else "") + ("+c3" if cfg.consumers == 3 else "") + ("+spare" if cfg.spare_q else "") + (f"+{cfg.num_stages}stage" if cfg.num_stages != 2 else "") + ("+turns" if cfg.alternate_gemms else "") + ("+prefetch" if cfg.prefetch else "") + ("+kend" if not cfg.kernel_mask else "")
 
 
 def test_default_config_follows_the_tuned_table():
@@ -220,9 +224,13 @@ def test_default_config_follows_the_tuned_table():
                                      (64, 1025, True, "persistent+prefetch", 256),
                                      (64, 4096, False, "persistent+prefetch+kend", 256),
                                      (64, 8192, False, "persistent+c3+prefetch+kend", 128),
-                                     (64, 8193, False, "persistent+kend", 256),
+                                     (64, 8193, False, "persistent+c3+3stage+prefetch+kend", 128),
+                                     (64, 1024, False, "persistent+prefetch+kend", 256),
+                                     (64, 1025, False, "balanced+prefetch", 256),
+                                     (64, 2048, False, "balanced+prefetch", 256),
+                                     (64, 2049, False, "persistent+prefetch+kend", 256),
                                      (64, 16384, True, "balanced+prefetch", 256),
-                                     (64, 16384, False, "persistent+kend", 256),
+                                     (64, 16384, False, "persistent+c3+3stage+prefetch+kend", 128),
                                      (128, 4096, True, "persistent+prefetch", 128), (128, 4097, True, "balanced", 128),
                                      (128, 8192, True, "balanced", 128), (128, 8193, True, "grid", 192),
                                      (128, 4096, False, "persistent+overlap", 128),
@@ -230,7 +238,7 @@ def test_default_config_follows_the_tuned_table():
                                      (256, 2048, False, "balanced+1stage+turns", 128),
                                      (256, 2049, False, "grid+1stage+turns", 128),
                                      (256, 8192, False, "grid+1stage+turns", 128),
-                                     (256, 16384, False, "balanced+1stage+turns", 128),
+                                     (256, 16384, False, "grid+1stage+turns", 128),
                                      (256, 512, True, "persistent+spare", 64),
                                      (256, 1024, True, "persistent+overlap+spare", 64),
                                      (256, 2048, True, "persistent+overlap", 64),
@@ -829,13 +837,17 @@ def test_static_mask_without_config_takes_the_causal_tuning(monkeypatch):
 def test_mask_arrays_skip_the_balanced_order_where_tuned_arrays_says():
     """``TUNED_ARRAYS``: hd 256 non-causal up to 2k keys runs balanced for a static mask (a constant
     order) but, for a ``k_end`` array (whose order XLA would sort before the kernel), the persistent
-    grid with overlap and a spare Q tile; past 2k, and for every other row, both forms agree."""
+    grid with overlap and a spare Q tile; hd 64 non-causal from 1k to 2k keys balanced, with arrays
+    the plain persistent grid of its neighbours; past 2k, and for every other row, both forms agree."""
     for S in (512, 2048):
         static, array = default_config(256, S), default_config(256, S, mask_array=True)
         assert (sched(static), static.block_kv) == ("balanced+1stage+turns", 128)
         assert (sched(array), array.block_kv) == ("persistent+overlap+spare", 64)
+    for S in (1025, 2048):
+        static, array = default_config(64, S), default_config(64, S, mask_array=True)
+        assert (sched(static), sched(array)) == ("balanced+prefetch", "persistent+prefetch+kend")
     for hd, S, causal in ((256, 2049, False), (256, 16384, False), (256, 512, True), (128, 8192, True),
-                          (64, 16384, True), (128, 512, False)):
+                          (64, 16384, True), (128, 512, False), (64, 1024, False), (64, 2049, False)):
         assert default_config(hd, S, causal, mask_array=True) == default_config(hd, S, causal), (hd, S, causal)
     x = jax.ShapeDtypeStruct((16, 1024, 8, 256), jnp.bfloat16)
     kend = key_end(16, 1024, 1024, causal="none")
