@@ -6,9 +6,10 @@
 #     bash benchmarks/fa3_h100_gpu.sh                          # v23's table, as it ran
 #   RUN_FP8=0 TAG=_h100v24 TESTS_S=150 TESTS_K="tuned_configs and hd64 or static_masks and hd64" \
 #     bash benchmarks/fa3_h100_gpu.sh                          # v24's
-# The FA3 forward as it is (v19's TUNED picks, fitted on H200s) on the first H100 lent since 2026-11-28: the 16-bit
-# table (bench_fa3.py, 4 rounds, cuDNN and attention_mgpu in the same process), the GPU tests of every TUNED config
-# (float32 reference, static masks against their k_end arrays, the model's dispatch, FP8), then the FP8 table.
+# The FA3 forward with the current TUNED picks on an H100 (first run: v19's picks, fitted on H200s, on the first H100
+# lent since 2026-11-28): the 16-bit table (bench_fa3.py, 4 rounds, cuDNN and attention_mgpu in the same process), the
+# GPU tests of every TUNED config (float32 reference, static masks against their k_end arrays, the model's dispatch,
+# FP8), then the FP8 table.
 # Log: $OUT/fa3_h100_log.txt; tables fa3_<device>_<date>${TAG}.{json,md} and ..${TAG}fp8.* into $OUT.
 set -uo pipefail
 source benchmarks/device_lib.sh  # probe_setup, step
