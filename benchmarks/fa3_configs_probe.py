@@ -102,7 +102,10 @@ def main(argv=None):
                     print(f"  skip {mname} {lab} at hd{hd}: {str(e)[:120]}")
                     continue
                 mask = dict(causal="top_left" if causal else "none") if a.mask == "static" else dict(kend_BT=kend)
-                runs[f"{mname} {lab}"] = jax.jit(
+                name = f"{mname} {lab}"
+                while name in runs:  # a config listed again is timed again, under name' (order-bias checks)
+                    name += "'"
+                runs[name] = jax.jit(
                     lambda q, k, v, c=cfg, m=m, mask=mask: m.flash_attention_fwd(q, k, v, **mask, config=c)[0])
         ref = None
         for name, f in runs.items():

@@ -820,6 +820,115 @@ def _same_o(got, want):
     np.testing.assert_array_equal(np.asarray(got[0], np.float32), np.asarray(want[0], np.float32))
 
 
+@pytest.mark.parametrize("n,steps,n_ctas,order", [
+    (2048, 86, 132, None),      # hd 128 16k, 192-key blocks: 68 items past 15 rounds
+    (2048, 8, 132, None),       # hd 128 1k
+    (1024, 16, 132, None),      # hd 256 2k
+    (4096, 2, 132, None),       # hd 64 512: 4 items of 2 steps over 132 CTAs
+    (15, [2, 1, 0] * 5, 4, None),  # causal tiles, one without a KV step in the last round
+    (30, list(range(1, 31)), 7, np.arange(30)[::-1])])  # an order (balanced) other than the base one
+def test_tail_pieces_cut_the_last_round_evenly(n, steps, n_ctas, order):
+    """``_tail_pieces`` (``split_tail``): the whole rounds stay as they are; every KV block of the items
+    after them is in exactly one piece; each CTA gets the floor or ceiling of their mean steps; a piece
+    is part -1 iff it is its whole item, and each cut item's parts are listed for the merge."""
+    from pallas_kernels.flash_attention import _tail_pieces
+    steps = np.broadcast_to(np.asarray(steps), (n,))
+    plan = _tail_pieces(steps, order, n_ctas, 3, 5)
+    assert plan.n_full == n // n_ctas
+    table = plan.table.reshape(n_ctas, 1 + 4 * plan.max_pieces)
+    tail = (np.arange(n) if order is None else order)[plan.n_full * n_ctas:]
+    blocks, parts, per_cta = {}, {}, []
+    for row in table:
+        pieces = row[1:1 + 4 * row[0]].reshape(-1, 4)
+        per_cta.append(int((pieces[:, 2] - pieces[:, 1]).sum()))
+        for w, lo, hi, part in pieces:
+            assert w in tail and 0 <= lo <= hi <= steps[w]
+            blocks.setdefault(w, []).extend(range(lo, hi))
+            assert (part == -1) == (lo == 0 and hi == steps[w]), (w, lo, hi, part)
+            if part >= 0:
+                parts.setdefault(w, []).append(part)
+    assert sorted(blocks) == sorted(tail)                       # zero-step items included
+    assert all(sorted(b) == list(range(steps[w])) for w, b in blocks.items())
+    total = steps[tail].sum()
+    assert max(per_cta) <= -(-total // n_ctas) and min(per_cta) >= total // n_ctas
+    assert sorted(p for ps in parts.values() for p in ps) == list(range(plan.n_parts))
+    for (b, qi, h), row in zip(plan.cut_BQH, plan.parts):
+        w = next(w for w in parts if sorted(parts[w]) == sorted(row[row >= 0]))
+        r, bh = w % 3, w // 3
+        assert (b, h, qi) == (bh // 5, bh % 5, 3 - 1 - r if bh % 2 == 0 else r)  # ``_item_tile``, 3 tiles, 5 heads
+    assert _tail_pieces(np.full(264, 8), None, 132, 3, 5) is None     # the last round full: nothing to cut
+
+
+SPLIT_INTERP = dataclasses.replace(INTERP, persistent=True, split_tail=True)
+
+
+@pytest.mark.parametrize("extra,mask,shape", [
+    (dict(num_ctas=2), "none", (1, 300, 3, 300, 1, 64)),            # 9 items: the 9th cut over both CTAs
+    (dict(num_ctas=5, prefetch=True), "top_left", (2, 300, 2, 300, 1, 64)),
+    (dict(num_ctas=4), "bottom_right", (1, 300, 5, 100, 1, 64)),    # T > S: an item without a key in the tail
+    (dict(num_ctas=3, balanced=True), "top_left", (2, 400, 2, 400, 1, 64)),  # the shortest item cut
+    (dict(num_ctas=4, kernel_mask=False, prefetch=True), "none", (1, 300, 3, 300, 1, 64)),  # "+kend"
+    (dict(num_ctas=3, o_tiles=0, num_stages=1, alternate_gemms=True), "none", (2, 130, 2, 190, 2, 64)),
+    (dict(num_ctas=4, consumers=3, overlap=True), "top_left", (1, 400, 2, 400, 1, 64))])
+def test_interpreter_split_tail_matches_reference(extra, mask, shape):
+    """``split_tail``: a static mask's last-round items cut into pieces on several CTAs and merged by
+    their LSE after the kernel (a scatter, so some item was cut), across the persistent forms."""
+    B, T, H, S, G, d = shape
+    q, k, v = _inputs(13, *shape, jnp.bfloat16)
+    cfg = dataclasses.replace(SPLIT_INTERP, **extra)
+    with plgpu.force_gpu_interpret_mode():
+        fwd = functools.partial(flash_attention_fwd, causal=mask, config=cfg)
+        assert "scatter" in str(jax.make_jaxpr(fwd)(q, k, v))
+        got = jax.block_until_ready(fwd(q, k, v))
+    _check_close(q, k, v, key_end(B, T, S, causal=mask), *got, tol=1e-2)
+
+
+def test_interpreter_split_tail_finds_no_races():
+    """A cut item's two pieces on two CTAs, each CTA's whole items before them: no race in SMEM."""
+    B, T, H, S, G, d = shape = (1, 130, 3, 190, 1, 64)   # 6 items, 4 CTAs: 2 items of 3 steps cut
+    q, k, v = _inputs(14, *shape, jnp.float16)
+    fwd = functools.partial(flash_attention_fwd, causal="bottom_right", config=dataclasses.replace(SPLIT_INTERP, num_ctas=4))
+    with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams(detect_races=True)):
+        assert "scatter" in str(jax.make_jaxpr(fwd)(q, k, v))
+        got = jax.block_until_ready(fwd(q, k, v))
+        assert not get_races().races_found
+    _check_close(q, k, v, key_end(B, T, S, causal="bottom_right"), *got, tol=2e-3)
+
+
+def test_split_tail_is_a_static_mask_option():
+    """``split_tail`` needs the persistent grid; ``default_config`` takes it from a ``"+split"`` pick for
+    static masks only; a ``k_end`` array runs the config whole (no scatter after the kernel), a static
+    mask with a cut last round merges its parts."""
+    with pytest.raises(ValueError, match="split_tail .* needs persistent=True"):
+        TuningConfig(split_tail=True)
+    from pallas_kernels import flash_attention as fa
+    rows = {**fa.TUNED, (128, False): ((None, 128, "persistent+overlap+split"),)}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fa, "TUNED", rows)
+        assert default_config(128, 4096).split_tail and not default_config(128, 4096, mask_array=True).split_tail
+    cfg = TuningConfig(block_kv=128, persistent=True, split_tail=True)
+    x = jax.ShapeDtypeStruct((4, 4096, 16, 128), jnp.bfloat16)     # 2048 items on 132 CTAs
+    assert {"scatter", "custom_call"} <= _hlo_ops(lambda q, k, v: flash_attention_fwd(q, k, v, causal="none", config=cfg), x)
+    kend = key_end(4, 4096, 4096, causal="none")
+    assert "scatter" not in _hlo_ops(lambda q, k, v: flash_attention_fwd(q, k, v, kend, config=cfg), x)
+    x = jax.ShapeDtypeStruct((4, 4224, 16, 128), jnp.bfloat16)     # 33 tiles x 64 = 2112 items: 16 whole rounds
+    assert "scatter" not in _hlo_ops(lambda q, k, v: flash_attention_fwd(q, k, v, causal="none", config=cfg), x)
+
+
+@pytest.mark.parametrize("hd,label", [(64, "256/2/P/f1/m0/t1"), (64, "128/2/P/c3/f1/m0/t1"), (128, "128/2/P+O/t1"),
+                                      (128, "192/2/P/t1"), (256, "128/1/B/a1/t1"), (256, "128/1/P/a1/t1")])
+def test_split_tail_lowers_for_cuda_on_table_rows(hd, label, monkeypatch):
+    """The split forms the GPU probe times (``fa3_split_probe_gpu.sh``) at the table's shortest and longest
+    non-causal rows: SMEM, layouts and the extra outputs lower for CUDA."""
+    import pathlib
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    from tune_fa3 import parse_label
+    cfg = parse_label(label, 132)
+    for S in (512, 16384):
+        x = jax.ShapeDtypeStruct((16384 // S, S, 2048 // hd, hd), jnp.bfloat16)
+        assert "custom_call" in _hlo_ops(lambda q, k, v: flash_attention_fwd(q, k, v, causal="none", config=cfg), x)
+
+
 def test_static_mask_without_config_takes_the_causal_tuning(monkeypatch):
     """``flash_attention_fwd(..., causal=...)`` without a config: ``default_config(d, S, causal)`` with
     ``causal`` true for the causal masks; a ``k_end`` array: the non-causal tuning for arrays."""
@@ -1069,6 +1178,33 @@ def test_gpu_static_masks_match_their_kend_arrays(hd, cfg, mask):
         _same_o(got, flash_attention_fwd(q, k, v, kend, config=cfg))
 
 
+SPLIT = [(64, "256/2/P/f1/m0/t1"), (64, "256/2/B/f1/t1"), (64, "128/2/P/c3/f1/m0/t1"), (128, "128/2/P+O/t1"),
+         (128, "192/2/P/t1"), (256, "128/1/B/a1/t1"), (256, "128/1/P/a1/t1")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", STATIC_MASKS)
+@pytest.mark.parametrize("hd,label", SPLIT)
+def test_gpu_split_tail_matches_float32_reference(hd, label, mask):
+    """``split_tail`` (``/t1``): the last round's items cut into pieces merged after the kernel, against
+    the float32 reference with outputs poisoned: odd lengths and GQA on 7 CTAs, and a table shape
+    (16k tokens, H * d = 2048, 4k keys) on 132, where every row's last round is cut."""
+    import sys
+    sys.path.insert(0, "benchmarks")
+    from tune_fa3 import parse_label
+    G = 2
+    for B, T, S, H, n in ((2, 1000, 1000, G * REP[hd], 7), (3, 77, 1531, G * REP[hd], 7),
+                          (1, 1531, 700, G * REP[hd], 7), (4, 4096, 4096, 2048 // hd, 132)):
+        if mask == "top_left" and T != S:
+            continue
+        cfg = parse_label(label, n)
+        q, k, v = _inputs(hd + T + 2, B, T, H, S, G if n == 7 else H, hd, jnp.bfloat16)
+        kend = key_end(B, T, S, causal=mask)
+        _poison((B, T, H, hd), (B, H, T + 256))
+        got = flash_attention_fwd(q, k, v, causal=mask, config=cfg)
+        _check_close(q, k, v, kend, *got, tol=1e-2)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask", ("top_left", "bottom_right"))
 @pytest.mark.parametrize("hd", (64, 128, 256))
@@ -1226,12 +1362,13 @@ def test_probe_labels_round_trip(monkeypatch):
     from tune_fa3 import label, label_fields, parse_label
     assert label_fields(["f1", "n128"]) == {"prefetch": True, "num_ctas": 128}  # fa3_configs_probe's default/f1/n128
     for text in ("128/2/G", "64/2/P+O/o0", "128/1/P/s1/a1", "128/1/B/a1", "128/2/P/c3", "64/2/B+O/s1", "128/2/P/f1",
-                 "128/2/P/m0", "64/2/P+O/s1/m0", "128/1/P/a1/p1"):
+                 "128/2/P/m0", "64/2/P+O/s1/m0", "128/1/P/a1/p1", "192/2/P/t1"):
         cfg = parse_label(text, 132)
         assert label(cfg) == text and parse_label(label(cfg), 132) == cfg, text
     assert parse_label("128/1/G/a1", 132).alternate_gemms and not parse_label("128/1/G", 132).alternate_gemms
     assert parse_label("128/2/P/f1", 132).prefetch and not parse_label("128/2/P", 132).prefetch
     assert not parse_label("64/2/P/m0", 132).kernel_mask and parse_label("64/2/P/n128", 132).num_ctas == 128
+    assert parse_label("128/2/P+O/t1", 132).split_tail and not parse_label("128/2/P+O", 132).split_tail
     with pytest.raises(ValueError, match="not a config label"):
         parse_label("128/1/G/x1", 132)
 
