@@ -66,7 +66,7 @@ and the per-item fixed cost (Q load, pipeline ramp, O/LSE epilogue) overlaps the
     range before it runs the current item, so that round trip is off the way between items (short
     items: hd 64 causal 512 +6 %; the overlap forms lose ~1 % to the registers it holds; NOTES v14).
 With ``split_tail=True`` (static masks) the items after the last full round are cut into pieces of KV
-blocks, an equal share of their steps per CTA (``_tail_pieces``), run after each CTA's whole items; a piece
+blocks, dealt so as to even out the CTAs' steps (``_tail_pieces``), run after each CTA's whole items; a piece
 starts its KV loop at its first block (its ``k_end`` row shifted by as many keys) and a cut item's pieces
 store O and LSE into scratch parts, merged in XLA (``_merge_parts``).
 With ``balanced=True`` CTA c runs ``order[c], order[c + grid], ...`` instead: the items sorted by
@@ -151,7 +151,7 @@ class TuningConfig:
     one 16-key 8-bit fragment), with V^T's keys permuted to match in the XLA transpose (``_fp8_keys_permuted``).
     ``split_tail`` (persistent; static masks only, a ``k_end`` array runs the config without it): the
     items past the last full round of the grid are cut at KV-block boundaries into pieces dealt so that
-    every CTA gets an equal share of their KV steps (stream-K over the tail, ``_tail_pieces``); the
+    the CTAs' KV steps even out (stream-K over the tail, ``_tail_pieces``); the
     pieces of a cut item store O and LSE into scratch outputs, merged by their LSE into O in XLA after
     the kernel. Equal items otherwise leave the last round part idle (2048 non-causal items on 132
     CTAs: 16 rounds for 15.5 rounds of work)."""
@@ -1085,17 +1085,26 @@ def _tail_pieces(steps_W, order, n_ctas: int, n_tiles: int, n_heads: int) -> _Ta
     """``split_tail``'s plan for items of ``steps_W`` KV steps (base order, ``_item_tile``) on ``n_ctas``
     CTAs that take items ``order[c], order[c + n_ctas], ...`` (``order`` None: the base order): the
     ``n_full = items // n_ctas`` full rounds stay whole; the items after them (the partial round), laid
-    end to end, are cut into ``n_ctas`` runs of equal KV steps (the floor or ceiling of their mean),
-    CTA c taking run c (stream-K), where the whole items gave some CTAs one item and others none.
+    end to end, are cut into ``n_ctas`` consecutive runs, CTA c taking run c (stream-K), run c as long as
+    fills CTA c's whole items up to a common level (water filling; equal whole items: equal runs, the
+    floor or ceiling of their mean), where the whole items gave some CTAs one item and others none.
     A piece covering its whole item stores O itself (part -1); the pieces of a cut item get scratch
-    parts. Items without a KV step go whole to CTA ``i % n_ctas``. None if the last round is full."""
+    parts. Items without a KV step go whole to CTA ``i % n_ctas``. None if no item is cut."""
     n = steps_W.shape[0]
     n_full = n // n_ctas
-    tail = (np.arange(n) if order is None else np.asarray(order))[n_full * n_ctas:]
+    pos = np.arange(n) if order is None else np.asarray(order)
+    tail = pos[n_full * n_ctas:]
     if tail.size == 0:
         return None
+    whole = steps_W[pos[:n_full * n_ctas]].reshape(n_full, n_ctas).sum(0).astype(np.float64)
     cum = np.concatenate([[0], np.cumsum(steps_W[tail])]).astype(np.int64)
-    bounds = np.arange(n_ctas + 1, dtype=np.int64) * cum[-1] // n_ctas
+    lo, hi = whole.min(), whole.max() + cum[-1]
+    for _ in range(100):   # the level: sum of max(level - whole, 0) over the CTAs = the tail's steps
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if np.maximum(mid - whole, 0).sum() < cum[-1] else (lo, mid)
+    share = np.cumsum(np.maximum(hi - whole, 0))
+    bounds = np.minimum(np.concatenate([[0], np.floor(share + 0.5)]).astype(np.int64), cum[-1])
+    bounds[-1] = cum[-1]
     per_cta = [[] for _ in range(n_ctas)]            # [tail index, k_lo, k_hi]
     for i in np.flatnonzero(steps_W[tail] == 0):
         per_cta[i % n_ctas].append([i, 0, 0])

@@ -826,11 +826,13 @@ def _same_o(got, want):
     (1024, 16, 132, None),      # hd 256 2k
     (4096, 2, 132, None),       # hd 64 512: 4 items of 2 steps over 132 CTAs
     (15, [2, 1, 0] * 5, 4, None),  # causal tiles, one without a KV step in the last round
-    (30, list(range(1, 31)), 7, np.arange(30)[::-1])])  # an order (balanced) other than the base one
+    (30, list(range(1, 31)), 7, np.roll(np.arange(30), 3))])  # another order (balanced), unequal CTAs
 def test_tail_pieces_cut_the_last_round_evenly(n, steps, n_ctas, order):
     """``_tail_pieces`` (``split_tail``): the whole rounds stay as they are; every KV block of the items
-    after them is in exactly one piece; each CTA gets the floor or ceiling of their mean steps; a piece
-    is part -1 iff it is its whole item, and each cut item's parts are listed for the merge."""
+    after them is in exactly one piece; the busiest CTA has no more steps than without the split and, where
+    the whole items are equal, each CTA gets the floor or ceiling of the tail's mean steps (unequal: the
+    least loaded CTAs get more); a piece is part -1 iff it is its whole item, and each cut item's parts
+    are listed for the merge."""
     from pallas_kernels.flash_attention import _tail_pieces
     steps = np.broadcast_to(np.asarray(steps), (n,))
     plan = _tail_pieces(steps, order, n_ctas, 3, 5)
@@ -849,8 +851,13 @@ def test_tail_pieces_cut_the_last_round_evenly(n, steps, n_ctas, order):
                 parts.setdefault(w, []).append(part)
     assert sorted(blocks) == sorted(tail)                       # zero-step items included
     assert all(sorted(b) == list(range(steps[w])) for w, b in blocks.items())
-    total = steps[tail].sum()
-    assert max(per_cta) <= -(-total // n_ctas) and min(per_cta) >= total // n_ctas
+    total, pos = steps[tail].sum(), np.arange(n) if order is None else order
+    whole = steps[pos[:plan.n_full * n_ctas]].reshape(plan.n_full, n_ctas).sum(0)
+    assert max(whole + per_cta) <= max(steps[pos[c::n_ctas]].sum() for c in range(n_ctas))
+    if (whole == whole[0]).all():
+        assert max(per_cta) <= -(-total // n_ctas) and min(per_cta) >= total // n_ctas
+    else:
+        assert max(whole + per_cta) - min(whole + per_cta) <= max(whole) - min(whole)
     assert sorted(p for ps in parts.values() for p in ps) == list(range(plan.n_parts))
     for (b, qi, h), row in zip(plan.cut_BQH, plan.parts):
         w = next(w for w in parts if sorted(parts[w]) == sorted(row[row >= 0]))
@@ -1343,13 +1350,15 @@ def test_gpu_dispatch_matches_model_reference():
 
 def test_wave_count_of_the_table_rows(monkeypatch):
     """benchmarks/fa3_waves.py: 1024 equal items on 132 SMs leave the busiest SM 8 items against a mean of
-    7.76 (hd 256 non-causal); the balanced order evens hd 256 causal 8k out; the grid's greedy dispatch of
+    7.76 (hd 256 non-causal), and with ``split_tail`` the busiest CTA 15 items and two pieces (hd 128 16k); the balanced order evens hd 256 causal 8k out; the grid's greedy dispatch of
     the longest causal tiles first does too (hd 128 causal 16k)."""
     import pathlib
     monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
-    from fa3_waves import sm_loads
+    from fa3_waves import sm_loads, split_load
     n, load = sm_loads(256, 512, False, 132, 2.0)
     assert n == 1024 and load.max() / load.mean() == pytest.approx(8 / (1024 / 132))
+    n, load = sm_loads(128, 16384, False, 132, 2.0)   # split_tail: 15 whole items, then 44-45 of 86 steps + 2
+    assert split_load(128, 16384, False, 132, 2.0) == 15 * 88 + 45 + 2 * 2 and load.max() == 16 * 88
     for row in ((256, 8192, True), (128, 16384, True)):
         n, load = sm_loads(*row, 132, 2.0)
         assert load.max() / load.mean() < 1.005, row
