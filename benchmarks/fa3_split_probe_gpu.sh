@@ -2,7 +2,7 @@
 # One device call (<= 10 min) on an H100 (nvidia-h100-x1), from the repo root, carrying .whl (pytest-xdist, execnet):
 #   bash benchmarks/fa3_split_probe_gpu.sh
 # v25, split_tail (label suffix /t1): the items of the persistent grid's last, partial round cut at KV-block boundaries
-# so every CTA gets an equal share (stream-K over the tail), merged by LSE after the kernel. First the GPU tests of the
+# to even out the CTAs (stream-K over the tail), merged by LSE after the kernel. First the GPU tests of the
 # split forms against the float32 reference, then each row's pick against the same pick split (both twice, alternated:
 # the probe's spread between two timings of one config reached 4 % at hd 128 16k in v24), and at the rows whose pick is
 # the grid, persistent forms split; then hd 64's causal rows, where results/fa3_waves_cpu_2026-12-05_split.txt predicts

@@ -12,8 +12,8 @@ Per row it prints the items, the waves (items / SMs), and ``busiest``: the busie
 is 1.0 when the work divides evenly. ``1 - 1 / busiest`` is what the row loses to SMs idling at the end, the most
 that splitting items along the keys to fill the last wave (stream-K, as CUTLASS does for GEMMs) could win back
 before that split's own cost. ``with split_tail``: the same with ``TuningConfig(split_tail=True)``'s pieces
-(``_tail_pieces``: the items after the last full round cut into equal runs of KV steps, each piece paying the item
-cost too) on the row's config in its persistent form (a grid pick as persistent, same blocks), and the speedup
+(``_tail_pieces``: the items after the last full round cut into runs of KV steps that even out the CTAs, each
+piece paying the item cost too) on the row's config in its persistent form (a grid pick as persistent, same blocks), and the speedup
 that predicts over the row's pick (before the merge after the kernel, and for a grid pick, before whatever the
 persistent form itself costs there). Nothing is timed: the costs are counts.
 

@@ -894,7 +894,8 @@ def test_interpreter_split_tail_finds_no_races():
     """A cut item's two pieces on two CTAs, each CTA's whole items before them: no race in SMEM."""
     B, T, H, S, G, d = shape = (1, 130, 3, 190, 1, 64)   # 6 items, 4 CTAs: 2 items of 3 steps cut
     q, k, v = _inputs(14, *shape, jnp.float16)
-    fwd = functools.partial(flash_attention_fwd, causal="bottom_right", config=dataclasses.replace(SPLIT_INTERP, num_ctas=4))
+    cfg = dataclasses.replace(SPLIT_INTERP, num_ctas=4)
+    fwd = functools.partial(flash_attention_fwd, causal="bottom_right", config=cfg)
     with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams(detect_races=True)):
         assert "scatter" in str(jax.make_jaxpr(fwd)(q, k, v))
         got = jax.block_until_ready(fwd(q, k, v))
@@ -915,11 +916,12 @@ def test_split_tail_is_a_static_mask_option():
         assert default_config(128, 4096).split_tail and not default_config(128, 4096, mask_array=True).split_tail
     cfg = TuningConfig(block_kv=128, persistent=True, split_tail=True)
     x = jax.ShapeDtypeStruct((4, 4096, 16, 128), jnp.bfloat16)     # 2048 items on 132 CTAs
-    assert {"scatter", "custom_call"} <= _hlo_ops(lambda q, k, v: flash_attention_fwd(q, k, v, causal="none", config=cfg), x)
+    static = lambda q, k, v: flash_attention_fwd(q, k, v, causal="none", config=cfg)
+    assert {"scatter", "custom_call"} <= _hlo_ops(static, x)
     kend = key_end(4, 4096, 4096, causal="none")
     assert "scatter" not in _hlo_ops(lambda q, k, v: flash_attention_fwd(q, k, v, kend, config=cfg), x)
     x = jax.ShapeDtypeStruct((4, 4224, 16, 128), jnp.bfloat16)     # 33 tiles x 64 = 2112 items: 16 whole rounds
-    assert "scatter" not in _hlo_ops(lambda q, k, v: flash_attention_fwd(q, k, v, causal="none", config=cfg), x)
+    assert "scatter" not in _hlo_ops(static, x)
 
 
 @pytest.mark.parametrize("hd,label", [(64, "256/2/P/f1/m0/t1"), (64, "128/2/P/c3/f1/m0/t1"), (128, "128/2/P+O/t1"),
@@ -1192,12 +1194,12 @@ SPLIT = [(64, "256/2/P/f1/m0/t1"), (64, "256/2/B/f1/t1"), (64, "128/2/P/c3/f1/m0
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask", STATIC_MASKS)
 @pytest.mark.parametrize("hd,label", SPLIT)
-def test_gpu_split_tail_matches_float32_reference(hd, label, mask):
+def test_gpu_split_tail_matches_float32_reference(hd, label, mask, monkeypatch):
     """``split_tail`` (``/t1``): the last round's items cut into pieces merged after the kernel, against
     the float32 reference with outputs poisoned: odd lengths and GQA on 7 CTAs, and a table shape
-    (16k tokens, H * d = 2048, 4k keys) on 132, where every row's last round is cut."""
-    import sys
-    sys.path.insert(0, "benchmarks")
+    (16k tokens, H * d = 2048, 4k keys) on 132, where every form's last round is cut."""
+    import pathlib
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
     from tune_fa3 import parse_label
     G = 2
     for B, T, S, H, n in ((2, 1000, 1000, G * REP[hd], 7), (3, 77, 1531, G * REP[hd], 7),
@@ -1350,8 +1352,9 @@ def test_gpu_dispatch_matches_model_reference():
 
 def test_wave_count_of_the_table_rows(monkeypatch):
     """benchmarks/fa3_waves.py: 1024 equal items on 132 SMs leave the busiest SM 8 items against a mean of
-    7.76 (hd 256 non-causal), and with ``split_tail`` the busiest CTA 15 items and two pieces (hd 128 16k); the balanced order evens hd 256 causal 8k out; the grid's greedy dispatch of
-    the longest causal tiles first does too (hd 128 causal 16k)."""
+    7.76 (hd 256 non-causal), and with ``split_tail`` the busiest CTA 15 items and two pieces (hd 128 16k);
+    the balanced order evens hd 256 causal 8k out; the grid's greedy dispatch of the longest causal tiles
+    first does too (hd 128 causal 16k)."""
     import pathlib
     monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
     from fa3_waves import sm_loads, split_load
