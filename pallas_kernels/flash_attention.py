@@ -1087,7 +1087,7 @@ def _tail_pieces(steps_W, order, n_ctas: int, n_tiles: int, n_heads: int) -> _Ta
     ``n_full = items // n_ctas`` full rounds stay whole; the items after them (the partial round), laid
     end to end, are cut into ``n_ctas`` consecutive runs, CTA c taking run c (stream-K), run c as long as
     fills CTA c's whole items up to a common level (water filling; equal whole items: equal runs, the
-    floor or ceiling of their mean), where the whole items gave some CTAs one item and others none.
+    floor or ceiling of their mean). Whole, those items would give some CTAs one more item and others none.
     A piece covering its whole item stores O itself (part -1); the pieces of a cut item get scratch
     parts. Items without a KV step go whole to CTA ``i % n_ctas``. None if no item is cut."""
     n = steps_W.shape[0]
@@ -1098,11 +1098,11 @@ def _tail_pieces(steps_W, order, n_ctas: int, n_tiles: int, n_heads: int) -> _Ta
         return None
     whole = steps_W[pos[:n_full * n_ctas]].reshape(n_full, n_ctas).sum(0).astype(np.float64)
     cum = np.concatenate([[0], np.cumsum(steps_W[tail])]).astype(np.int64)
-    lo, hi = whole.min(), whole.max() + cum[-1]
-    for _ in range(100):   # the level: sum of max(level - whole, 0) over the CTAs = the tail's steps
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if np.maximum(mid - whole, 0).sum() < cum[-1] else (lo, mid)
-    share = np.cumsum(np.maximum(hi - whole, 0))
+    below, level = whole.min(), whole.max() + cum[-1]
+    for _ in range(100):   # bisect the level: sum of max(level - whole, 0) over the CTAs = the tail's steps
+        mid = (below + level) / 2
+        below, level = (mid, level) if np.maximum(mid - whole, 0).sum() < cum[-1] else (below, mid)
+    share = np.cumsum(np.maximum(level - whole, 0))
     bounds = np.minimum(np.concatenate([[0], np.floor(share + 0.5)]).astype(np.int64), cum[-1])
     bounds[-1] = cum[-1]
     per_cta = [[] for _ in range(n_ctas)]            # [tail index, k_lo, k_hi]
@@ -1111,10 +1111,10 @@ def _tail_pieces(steps_W, order, n_ctas: int, n_tiles: int, n_heads: int) -> _Ta
     for c in range(n_ctas):
         a, i = bounds[c], int(np.searchsorted(cum, bounds[c], side="right")) - 1
         while a < bounds[c + 1]:
-            hi = min(bounds[c + 1], cum[i + 1])
-            if hi > a:
-                per_cta[c].append([i, a - cum[i], hi - cum[i]])
-            a, i = max(a, hi), i + 1
+            end = min(bounds[c + 1], cum[i + 1])
+            if end > a:
+                per_cta[c].append([i, a - cum[i], end - cum[i]])
+            a, i = max(a, end), i + 1
     pieces_of = {}
     for c, ps in enumerate(per_cta):
         for p in ps:
