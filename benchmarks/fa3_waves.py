@@ -29,8 +29,8 @@ import os
 import jax
 import numpy as np
 
-from pallas_kernels.flash_attention import (_balanced_order, _item_tile, _kv_steps, _tail_pieces, default_config,
-                                            key_end, padded_key_ends)
+from pallas_kernels.flash_attention import (_balanced_order, _item_steps, _tail_pieces, default_config, key_end,
+                                            padded_key_ends)
 
 SEQS = (512, 1024, 2048, 4096, 8192, 16384)
 
@@ -41,9 +41,7 @@ def item_costs(hd: int, S: int, causal: bool, item_cost: float):
     cfg = default_config(hd, S, causal)
     B, H, rows = 16384 // S, 2048 // hd, cfg.rows
     kmax = np.asarray(padded_key_ends(key_end(B, S, S, causal="top_left" if causal else "none"), S, S, rows)[2])
-    n_tiles = kmax.shape[1]
-    qi, bi, _ = (np.asarray(x) for x in _item_tile(np.arange(B * H * n_tiles), n_tiles, H))
-    steps = np.asarray(_kv_steps(kmax[bi, qi], cfg.block_kv, -(-S // cfg.block_kv)))
+    steps = np.asarray(_item_steps(kmax, cfg.block_kv, -(-S // cfg.block_kv), H))
     return cfg, steps + item_cost, kmax, H
 
 

@@ -456,6 +456,14 @@ def _piece_range(n_steps, n_open, piece):
     return n, jnp.clip(n_open - k_lo, 0, n)
 
 
+def _item_steps(kmax_BN, block_kv: int, n_kv_blocks: int, n_heads: int):
+    """Each item's KV steps, items in ``_item_tile``'s base order, from the tiles' largest ``k_end``
+    [B, tiles] (``_balanced_order``, ``split_tail``'s plan, ``benchmarks/fa3_waves.py``)."""
+    B, n_tiles = kmax_BN.shape
+    qi, bi, _ = _item_tile(jnp.arange(B * n_heads * n_tiles, dtype=jnp.int32), n_tiles, n_heads)
+    return _kv_steps(kmax_BN[bi, qi], block_kv, n_kv_blocks)
+
+
 def _item_tile(w, n_tiles: int, n_heads: int):
     """``(qi, bi, hi)`` of persistent item ``w`` in the base order: batch slowest, then head, then
     q tile fastest, zigzag (longest-first for even heads, shortest-first for odd ones; see the
@@ -1057,10 +1065,8 @@ def _balanced_order(kmax_BN, cfg: TuningConfig, n_kv_blocks: int, n_heads: int, 
     robin leaves one CTA 1.44x the mean work, this 1.001x; hd 256 causal 4k / 8k 1.002x / 1.000x, where
     the snake anchored at the start (before NOTES v18) left 1.031x, the partial round landing on the
     CTAs that had the largest items."""
-    B, n_tiles = kmax_BN.shape
-    w = jnp.arange(B * n_heads * n_tiles, dtype=jnp.int32)
-    qi, bi, _ = _item_tile(w, n_tiles, n_heads)
-    steps = _kv_steps(kmax_BN[bi, qi], cfg.block_kv, n_kv_blocks)
+    steps = _item_steps(kmax_BN, cfg.block_kv, n_kv_blocks, n_heads)
+    w = jnp.arange(steps.shape[0], dtype=jnp.int32)
     by_work = jnp.argsort(-steps, stable=True)
     rnd, c = w // n_ctas, w % n_ctas
     full = w.shape[0] // n_ctas
@@ -1133,11 +1139,10 @@ def _tail_pieces(steps_W, order, n_ctas: int, n_tiles: int, n_heads: int) -> _Ta
     parts = np.full((len(cut), most), -1, np.int32)
     for r, i in enumerate(cut):
         parts[r, :len(pieces_of[i])] = [part[id(p)] for p in pieces_of[i]]
-    w = tail[np.asarray(cut, np.int64)]
-    r, bh = w % n_tiles, w // n_tiles
-    qi = np.where(bh % 2 == 0, n_tiles - 1 - r, r)                    # ``_item_tile``
+    with jax.ensure_compile_time_eval():   # a trace-time plan: numbers, also when called under jit
+        qi, bi, hi = (np.asarray(x) for x in _item_tile(tail[np.asarray(cut, np.int64)], n_tiles, n_heads))
     return _TailPlan(table.reshape(-1), n_full, max_pieces, len(part),
-                     np.stack([bh // n_heads, qi, bh % n_heads], axis=1).astype(np.int32), parts)
+                     np.stack([bi, qi, hi], axis=1).astype(np.int32), parts)
 
 
 def _merge_parts(o_BTHd, lse_BHT, o_part, lse_part, plan: _TailPlan, rows: int):
@@ -1357,10 +1362,8 @@ def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT=None, *, causal: str | N
         n_kv_blocks, n_ctas = pl.cdiv(Sk, cfg.block_kv), min(cfg.num_ctas, n_tiles * B * H)
         with jax.ensure_compile_time_eval():
             kmax = padded_key_ends(key_end(B, T, S, causal=static), T, S, rows)[2]
-            w = jnp.arange(B * H * n_tiles, dtype=jnp.int32)
-            qi, bi, _ = _item_tile(w, n_tiles, H)
-            steps = np.asarray(_kv_steps(kmax[bi, qi], cfg.block_kv, n_kv_blocks))
-            if cfg.balanced:
+            steps = np.asarray(_item_steps(kmax, cfg.block_kv, n_kv_blocks, H))
+            if cfg.balanced and causal is None:  # "+kend": the order was sorted by XLA; the plan needs it here
                 order = (np.asarray(_balanced_order(kmax, cfg, n_kv_blocks, H, n_ctas)),)
         plan = _tail_pieces(steps, order[0] if order else None, n_ctas, n_tiles, H)
         table = () if plan is None else (plan.table,)

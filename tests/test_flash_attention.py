@@ -867,6 +867,9 @@ def test_tail_pieces_cut_the_last_round_evenly(n, steps, n_ctas, order):
 
 
 SPLIT_INTERP = dataclasses.replace(INTERP, persistent=True, split_tail=True)
+# the split forms benchmarks/fa3_split_probe_gpu.sh times (labels of benchmarks/tune_fa3.py)
+SPLIT = [(64, "256/2/P/f1/m0/t1"), (64, "256/2/B/f1/t1"), (64, "128/2/P/c3/f1/m0/t1"), (128, "128/2/P+O/t1"),
+         (128, "192/2/P/t1"), (256, "128/1/B/a1/t1"), (256, "128/1/P/a1/t1")]
 
 
 @pytest.mark.parametrize("extra,mask,shape", [
@@ -924,8 +927,7 @@ def test_split_tail_is_a_static_mask_option():
     assert "scatter" not in _hlo_ops(static, x)
 
 
-@pytest.mark.parametrize("hd,label", [(64, "256/2/P/f1/m0/t1"), (64, "128/2/P/c3/f1/m0/t1"), (128, "128/2/P+O/t1"),
-                                      (128, "192/2/P/t1"), (256, "128/1/B/a1/t1"), (256, "128/1/P/a1/t1")])
+@pytest.mark.parametrize("hd,label", SPLIT)
 def test_split_tail_lowers_for_cuda_on_table_rows(hd, label, monkeypatch):
     """The split forms the GPU probe times (``fa3_split_probe_gpu.sh``) at the table's shortest and longest
     non-causal rows: SMEM, layouts and the extra outputs lower for CUDA."""
@@ -1185,10 +1187,6 @@ def test_gpu_static_masks_match_their_kend_arrays(hd, cfg, mask):
         got = flash_attention_fwd(q, k, v, causal=mask, config=cfg)
         _check_close(q, k, v, kend, *got, tol=1e-2)
         _same_o(got, flash_attention_fwd(q, k, v, kend, config=cfg))
-
-
-SPLIT = [(64, "256/2/P/f1/m0/t1"), (64, "256/2/B/f1/t1"), (64, "128/2/P/c3/f1/m0/t1"), (128, "128/2/P+O/t1"),
-         (128, "192/2/P/t1"), (256, "128/1/B/a1/t1"), (256, "128/1/P/a1/t1")]
 
 
 @pytest.mark.gpu
