@@ -7,13 +7,14 @@
 # the probe's spread between two timings of one config reached 4 % at hd 128 16k in v24), and at the rows whose pick is
 # the grid, persistent forms split; then hd 64's causal rows, where results/fa3_waves_cpu_2026-12-05_split.txt predicts
 # +0.5-2 % (hd 128 causal 2k, predicted 0.955x from the pieces' fixed cost, as a check of that count).
-# Log: $OUT/fa3_split_probe_log.txt.
+# Log: $OUT/fa3_split_probe_log.txt. Its run: results/fa3_split_probe_H100_2026-12-05_log.txt (then at -n 8, where the
+# GPU tests ran out of memory; fa3_split_diag_gpu.sh ran them at 4 workers).
 set -uo pipefail
 source benchmarks/device_lib.sh  # probe_setup, step
 probe_setup /tmp/fa3split_out fa3_split_probe_log.txt
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 step gpu_tests "${TESTS_S:-200}" 25 python3 -m pytest -m gpu tests/test_flash_attention.py -q -rfEs \
-  -p no:cacheprovider --tb=short -n 8 -k split_tail
+  -p no:cacheprovider --tb=short -n 4 -k split_tail
 P="python3 benchmarks/fa3_configs_probe.py"
 A="default,default/t1,default,default/t1"
 step hd128n $((${PROBE_S:-60})) 40 $P 128:1024:n,128:2048:n,128:4096:n,128:512:n $A --new-only --iters 40

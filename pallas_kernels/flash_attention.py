@@ -154,7 +154,9 @@ class TuningConfig:
     the CTAs' KV steps even out (stream-K over the tail, ``_tail_pieces``); the
     pieces of a cut item store O and LSE into scratch outputs, merged by their LSE into O in XLA after
     the kernel. Equal items otherwise leave the last round part idle (2048 non-causal items on 132
-    CTAs: 16 rounds for 15.5 rounds of work)."""
+    CTAs: 16 rounds for 15.5 rounds of work). Exact, but on an H100 slower than each row's pick but
+    hd 64 4k (level to +2 %): the partial round cost less than counted and the merge 6-15 us (NOTES v25), so
+    no ``TUNED`` row uses it."""
     block_q: int = 64        # query rows per consumer warpgroup (a CTA owns consumers * block_q)
     block_kv: int = 128      # keys per pipeline step
     num_stages: int = 2      # K/V SMEM ring depth
@@ -1147,8 +1149,9 @@ def _tail_pieces(steps_W, order, n_ctas: int, n_tiles: int, n_heads: int) -> _Ta
 
 def _merge_parts(o_BTHd, lse_BHT, o_part, lse_part, plan: _TailPlan, rows: int):
     """O and LSE of ``split_tail``'s cut items from their pieces' scratch parts: ``lse = log sum exp(lse_p)``,
-    ``o = sum exp(lse_p - lse) o_p`` in float32, scattered into the kernel's outputs (which XLA may do in
-    place, as nothing else reads them; not yet checked on a GPU, NOTES v25). Rows that saw no key in any
+    ``o = sum exp(lse_p - lse) o_p`` in float32, scattered into the kernel's outputs (in place: XLA's
+    optimized HLO on an H100 has no copy of O). The sum over pieces is a reduction XLA fuses with the
+    gather (an einsum there ran 3-11 us slower on an H100; NOTES v25). Rows that saw no key in any
     piece: 0 and -inf."""
     valid = plan.parts >= 0
     idx = np.maximum(plan.parts, 0)
@@ -1157,7 +1160,7 @@ def _merge_parts(o_BTHd, lse_BHT, o_part, lse_part, plan: _TailPlan, rows: int):
     wts = jnp.where(jnp.isfinite(lse_p), jnp.exp(lse_p - jnp.where(jnp.isfinite(top), top, 0.0)), 0.0)
     tot = wts.sum(axis=1)
     lse = jnp.where(tot > 0, top[:, 0] + jnp.log(jnp.where(tot > 0, tot, 1.0)), -jnp.inf)
-    o = jnp.einsum("npr,nprd->nrd", wts, o_part[idx].astype(jnp.float32)) / jnp.where(tot > 0, tot, 1.0)[..., None]
+    o = (wts[..., None] * o_part[idx].astype(jnp.float32)).sum(axis=1) / jnp.where(tot > 0, tot, 1.0)[..., None]
     b, h = plan.cut_BQH[:, :1], plan.cut_BQH[:, 2:]
     t = plan.cut_BQH[:, 1:2] * rows + np.arange(rows)[None]
     o_BTHd = o_BTHd.at[b, t, h].set(o.astype(o_BTHd.dtype), mode="drop", unique_indices=True)
