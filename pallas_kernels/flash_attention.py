@@ -155,7 +155,7 @@ class TuningConfig:
     pieces of a cut item store O and LSE into scratch outputs, merged by their LSE into O in XLA after
     the kernel. Equal items otherwise leave the last round part idle (2048 non-causal items on 132
     CTAs: 16 rounds for 15.5 rounds of work). Exact, but on an H100 slower than each row's pick but
-    hd 64 4k (level to +2 %): the partial round cost less than counted and the merge 6-15 us (NOTES v25), so
+    hd 64 4k (level to +2.5 %): the partial round cost less than counted and the merge 6-15 us (NOTES v25), so
     no ``TUNED`` row uses it."""
     block_q: int = 64        # query rows per consumer warpgroup (a CTA owns consumers * block_q)
     block_kv: int = 128      # keys per pipeline step
