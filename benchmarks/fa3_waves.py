@@ -17,8 +17,8 @@ piece paying the item cost too) on the row's config in its persistent form (a gr
 that predicts over the row's pick (before the merge after the kernel, and for a grid pick, before whatever the
 persistent form itself costs there). Nothing is timed: the costs are counts. Checked on an H100 (pallas_kernels/NOTES.md
 v25), the split column overpredicts: the split kernel alone was level at hd 128 1-2k non-causal where it counts
-+1.3-2.1 % (SMs of a partly idle last round run their items faster than a full round's; a piece costs more than
-2 steps), and lost 7-12 % at hd 256 with one K/V stage.
++1.3-2.1 % (likely: SMs of a partly idle last round run their items faster than a full round's, and a piece costs more
+than 2 steps), and lost 7-12 % at hd 256 with one K/V stage.
 
     PYTHONPATH=. python3 benchmarks/fa3_waves.py [--sms 132] [--item-cost 2] [--out FILE]
 """
