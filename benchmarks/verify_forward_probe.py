@@ -18,6 +18,8 @@ Variants (T > 1 only; a one-row step keeps its folded path, ``layers.fold_norm``
                 before each o GEMM at T > 1 (``default`` has the kernel store o in bf16);
   ``mlp_prenorm`` the MLP's RMSNorm before gate/up at T > 1 (``swiglu(rms_norm(x))``), as the attention's is,
                 instead of ``norm_swiglu``'s 1/rms after the GEMM.
+  ``mgpu_linear`` every bf16 matmul of 2-64 rows (padded to a multiple of 8) as ``skinny_gemm_probe.skinny_matmul`` (all weight loads in
+                flight at once) instead of XLA's GEMM; other row counts unchanged.
 Results: ``results/verify_forward_probe_H200_2026-12-04.txt`` (benchmarks/NOTES.md item 41; its call 1 ran
 ``qkv_post`` and ``qkv_knorm`` before o was stored in bf16, against a default that had the convert too).
 """
@@ -34,6 +36,7 @@ import jax.numpy as jnp
 import bench_decode
 import common
 import profile_decode
+import skinny_gemm_probe
 from specjax import attention, layers, model
 from specjax import cache as kv
 from specjax.layers import fold_norm, inv_rms, linear
@@ -64,8 +67,9 @@ def _block(kind: str):
 
 
 VARIANTS = {"default": None, "qkv_post": _block("qkv_post"), "qkv_knorm": _block("qkv_knorm"), "o_f32": None,
-            "mlp_prenorm": None}
+            "mlp_prenorm": None, "mgpu_linear": None}
 ORIGINAL_NORM_SWIGLU = model.norm_swiglu
+ORIGINAL_LINEAR = layers.linear
 
 
 def prenorm_swiglu(x_BTD, w_norm_D, eps, w_gate_up_2FD, w_down_DF, compute_dtype="param"):
@@ -81,11 +85,14 @@ def variant(name: str):
         model.attention_block = VARIANTS[name]
     if name == "mlp_prenorm":
         model.norm_swiglu = prenorm_swiglu
+    if name == "mgpu_linear":
+        layers.linear = model.linear = skinny_gemm_probe.routed_linear(ORIGINAL_LINEAR)
     try:
         with patched_o_f32(name == "o_f32"):
             yield
     finally:
         model.attention_block, model.norm_swiglu = ORIGINAL_BLOCK, ORIGINAL_NORM_SWIGLU
+        layers.linear = model.linear = ORIGINAL_LINEAR
         jax.clear_caches()
 
 

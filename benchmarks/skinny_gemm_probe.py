@@ -1,0 +1,182 @@
+"""Probe (GPU): the verify forward's skinny GEMMs (T = K+1 rows of the SmolLM2 shape) against a Mosaic GPU
+kernel that issues all of its weight loads at once.
+
+    PYTHONPATH=.:benchmarks python3 benchmarks/skinny_gemm_probe.py [--ts 1,8] [--bns 8,16,32] [--configs]
+
+Why (benchmarks/NOTES.md item 46): item 41 put 448 us of a T=5 verify forward (844 us) in XLA's Triton GEMMs,
+121 of them at ~3.7 us, where a one-row step's reductions take ~2.8 us; the GEMMs run 6.5x their weights' read
+time. A GEMM of <= 16 rows reads ~0.7-3.5 MB of weights and little else, so it is bound by how many bytes it has
+in flight. The kernel here (``skinny_matmul``): one warpgroup per CTA, a grid over N blocks of ``bn`` weight
+rows; the CTA issues TMA copies of its whole weight slab [bn, K] in 64-column chunks (one barrier each) and of
+x's T rows at once, then one wgmma per chunk as each lands, and stores the T rows through SMEM.
+
+What it times (``timer``): a ``fori_loop`` over 30 distinct weight sets of one layer shape (as the 30 layers:
+~105 MB for gate|up, past the 50 MB L2), each output fed into the next input, (t(n2) - t(n1)) / (n2 - n1) per
+matmul. XLA's form at T=1 (its reduction) and T>1 (its Triton GEMM), the kernel at T>1. ``--configs`` prints
+the Triton GEMM configs XLA picked (from the compiled HLO). Run once with XLA's defaults and once with
+``XLA_FLAGS=--xla_gpu_exhaustive_tiling_search=true`` to see whether its search space holds a faster tiling.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import re
+import time
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+# SmolLM2-135M: D = 576, q|k|v 576 -> 960, o 576 -> 576, gate|up 576 -> 3072, down 1536 -> 576
+SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576)}
+KC = 64  # K columns per chunk: the 128-byte swizzle of bf16; one TMA load and one barrier each
+
+
+def _tiled(shape, dtype, minor: int):
+    swizzle = minor * jnp.dtype(dtype).itemsize
+    return plgpu.SMEM(shape, dtype, transforms=(plgpu.TilingTransform((8, minor)), plgpu.SwizzleTransform(swizzle)))
+
+
+def skinny_matmul(x_TK, w_NK, *, bn: int = 16, out_dtype=None, interpret: bool = False):
+    """``x_TK @ w_NK.T`` for a weight stored ``[out, in]`` (``layers.linear``'s layout), bf16 in and out, float32
+    accumulation, for T a multiple of 8 up to 64; ``out_dtype`` (default x's) float32 keeps the accumulator.
+
+    wgmma's A operand has 64 rows, x has T. So x's K chunks (64 columns, the 128-byte swizzle) lie T rows apart
+    in one SMEM buffer and chunk j's A is the 64-row window from row j * T: its first T rows are chunk j, the
+    rest other chunks' rows (or never written), whose output rows are never stored. The buffer takes
+    (nk - 1) * T + 64 rows instead of 64 * nk. B is the weight's [bn, 64] tile, transposed (K-major)."""
+    T, K = x_TK.shape
+    N = w_NK.shape[0]
+    if T % 8 or T > 64 or K % KC or N % bn or bn % 8 or bn > 256:
+        raise ValueError(f"skinny_matmul needs T % 8 == 0 and T <= 64, K % {KC} == 0, N % bn == 0 and bn a "
+                         f"multiple of 8 up to 256; got T={T}, K={K}, N={N}, bn={bn}")
+    nk = K // KC
+    out_dtype = jnp.dtype(out_dtype or x_TK.dtype)
+
+    def body(x_ref, w_ref, o_ref, x_smem, w_smem, o_smem, x_bar, w_bar):
+        n0 = lax.axis_index("n") * bn
+        for j in range(nk):  # every load in flight at once
+            plgpu.copy_gmem_to_smem(w_ref.at[pl.ds(n0, bn), pl.ds(j * KC, KC)], w_smem.at[j], w_bar.at[j])
+            plgpu.copy_gmem_to_smem(x_ref.at[:, pl.ds(j * KC, KC)], x_smem.at[pl.ds(j * T, T)], x_bar.at[0])
+
+        def mma(acc_ref):
+            plgpu.barrier_wait(x_bar.at[0])
+            for j in range(nk):
+                plgpu.barrier_wait(w_bar.at[j])
+                plgpu.wgmma(acc_ref, x_smem.at[pl.ds(j * T, 64)], w_smem.at[j].T)
+            return acc_ref[...]
+        acc = pl.run_scoped(mma, plgpu.ACC((64, bn), jnp.float32))
+        o_smem[...] = acc.astype(o_smem.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_smem.at[pl.ds(0, T)], o_ref.at[:, pl.ds(n0, bn)])
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+    scratch = (_tiled(((nk - 1) * T + 64, KC), x_TK.dtype, KC), _tiled((nk, bn, KC), w_NK.dtype, KC),
+               plgpu.SMEM((64, bn), out_dtype),
+               plgpu.Barrier(num_arrivals=nk, num_barriers=1), plgpu.Barrier(num_barriers=nk))
+    kw = dict(interpret=plgpu.InterpretGPUParams()) if interpret else {}
+    return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((T, N), out_dtype), scratch_types=scratch,
+                        grid=(N // bn,), grid_names=("n",), num_threads=1, thread_name="wg",
+                        compiler_params=plgpu.CompilerParams(reduction_scratch_bytes=0), **kw)(x_TK, w_NK)
+
+
+def pick_bn(N: int) -> int:
+    """The widest column block that still gives >= 72 CTAs (SmolLM2: q|k|v, o and down 8, gate|up 32)."""
+    return next((bn for bn in (64, 32, 16, 8) if N % bn == 0 and N // bn >= 72), 8)
+
+
+def routed_linear(original):
+    """``layers.linear`` with the kernel for bf16 products of 2-64 rows (padded to a multiple of 8) (``verify_forward_probe``'s
+    ``mgpu_linear`` variant), float32 out as ``linear`` gives; everything else goes to ``original``."""
+    def linear(x_BTI, w_OI, compute_dtype="param"):
+        K, N = x_BTI.shape[-1], w_OI.shape[0]
+        rows = x_BTI.size // K
+        if compute_dtype != "param" or w_OI.dtype != jnp.bfloat16 or rows < 2 or rows > 64 or K % KC or N % 8:
+            return original(x_BTI, w_OI, compute_dtype)
+        pad = -rows % 8  # rows to a multiple of 8 (XLA fuses the pad into x's producer, the slice into the consumer)
+        x_TK = jnp.pad(x_BTI.reshape(rows, K).astype(w_OI.dtype), ((0, pad), (0, 0)))
+        out = skinny_matmul(x_TK, w_OI, bn=pick_bn(N), out_dtype=jnp.float32)[:rows]
+        return out.reshape(*x_BTI.shape[:-1], N)
+    return linear
+
+
+def _xla(x_TK, w_NK):
+    """``layers.linear``'s product (bf16 operands, float32 accumulation), rounded to bf16."""
+    return jnp.einsum("ti,oi->to", x_TK, w_NK, preferred_element_type=jnp.float32).astype(x_TK.dtype)
+
+
+def _chain(matmul, n: int):
+    """n matmuls over the 30 weight sets in turn, each output's first K columns (tiled) the next input."""
+    def run(x_TK, w_LNK):
+        K = x_TK.shape[1]
+
+        def step(i, x):
+            y = matmul(x, w_LNK[i % w_LNK.shape[0]])
+            y = jnp.tile(y, (1, pl.cdiv(K, y.shape[1])))[:, :K]
+            return (y * 0.5).astype(x.dtype)
+        return lax.fori_loop(0, n, step, x_TK)
+    return jax.jit(run)
+
+
+def timer(matmul, x, w, n1: int = 60, n2: int = 240, reps: int = 3):
+    """Compiles the two chains once; each call of the returned function times them, ms per matmul."""
+    f1, f2 = _chain(matmul, n1), _chain(matmul, n2)
+    f1(x, w).block_until_ready(), f2(x, w).block_until_ready()
+
+    def ms() -> float:
+        best = []
+        for f in (f1, f2):
+            ts = []
+            for _ in range(reps):
+                t = time.perf_counter()
+                f(x, w).block_until_ready()
+                ts.append(time.perf_counter() - t)
+            best.append(min(ts))
+        return (best[1] - best[0]) / (n2 - n1) * 1e3
+    return ms
+
+
+def xla_configs(x, w) -> list[str]:
+    hlo = jax.jit(_xla).lower(x, w).compile().as_text()
+    found = sorted(set(re.findall(r'"triton_gemm_config":\{[^}]*\}', hlo)))
+    kinds = sorted(set(re.findall(r"kind=k(\w+)", hlo)))
+    return found or [f"no Triton GEMM; fusion kinds {kinds}"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ts", default="1,8")
+    ap.add_argument("--bns", default="8,16,32", help="kernel column blocks ('' = XLA only)")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--configs", action="store_true")
+    ap.add_argument("--rounds", type=int, default=2)
+    a = ap.parse_args()
+    print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, {time.strftime('%Y-%m-%d')}", flush=True)
+    key = jax.random.PRNGKey(0)
+    print("| shape | T | form | round | us per matmul |\n|---|---|---|---|---|", flush=True)
+    for name in a.shapes.split(","):
+        K, N = SHAPES[name]
+        w = (jax.random.normal(key, (30, N, K), jnp.float32) * K ** -0.5).astype(jnp.bfloat16)
+        for T in map(int, a.ts.split(",")):
+            x = jax.random.normal(key, (T, K), jnp.float32).astype(jnp.bfloat16)
+            if a.configs:
+                print(f"{name} T={T} XLA:", *xla_configs(x, w[0]), flush=True)
+            forms = {"xla": timer(_xla, x, w)}
+            if T % 8 == 0:
+                want = _xla(x, w[0]).astype(jnp.float32)
+                for bn in [int(b) for b in a.bns.split(",") if b]:
+                    if N % bn == 0:
+                        f = functools.partial(skinny_matmul, bn=bn)
+                        err = float(jnp.max(jnp.abs(f(x, w[0]).astype(jnp.float32) - want)))
+                        print(f"{name} T={T} bn={bn}: max |kernel - XLA| {err:.3g} (max |XLA| "
+                              f"{float(jnp.max(jnp.abs(want))):.3g})", flush=True)
+                        forms[f"mgpu{bn}"] = timer(f, x, w)
+            for r in range(a.rounds):
+                for label, ms in forms.items():
+                    print(f"| {name} | {T} | {label} | r{r} | {ms() * 1e3:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
