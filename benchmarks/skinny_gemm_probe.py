@@ -10,9 +10,9 @@ in flight. The kernel here (``skinny_matmul``): one warpgroup per CTA, a grid ov
 rows; the CTA issues TMA copies of its whole weight slab [bn, K] in 64-column chunks (one barrier each) and of
 x's T rows at once, then one wgmma per chunk as each lands, and stores the T rows through SMEM.
 
-What it times (``timer``): a ``fori_loop`` over 30 distinct weight sets of one layer shape (as the 30 layers:
-~105 MB for gate|up, past the 50 MB L2), each output fed into the next input, (t(n2) - t(n1)) / (n2 - n1) per
-matmul. XLA's form at T=1 (its reduction) and T>1 (its Triton GEMM), the kernel at T>1. ``--configs`` prints
+What it times (``timer``): a ``fori_loop`` whose every iteration runs 30 matmuls over 30 distinct weights of one
+layer shape (as the 30 layers: ~105 MB for gate|up, past the 50 MB L2), each output fed into the next input,
+(t(r2) - t(r1)) / (30 (r2 - r1)) per matmul. XLA's form at T=1 (its reduction) and T>1 (its Triton GEMM), the kernel at T>1. ``--configs`` prints
 the Triton GEMM configs XLA picked (from the compiled HLO). Run once with XLA's defaults and once with
 ``XLA_FLAGS=--xla_gpu_exhaustive_tiling_search=true`` to see whether its search space holds a faster tiling.
 """
@@ -107,40 +107,46 @@ def _xla(x_TK, w_NK):
     return jnp.einsum("ti,oi->to", x_TK, w_NK, preferred_element_type=jnp.float32).astype(x_TK.dtype)
 
 
-def _chain(matmul, n: int):
-    """n matmuls over the 30 weight sets in turn, each output's first K columns (tiled) the next input."""
-    def run(x_TK, w_LNK):
-        K = x_TK.shape[1]
+def _next_input(y_TN, K: int, dtype):
+    """A matmul's output as the next one's input (its first K columns, tiled where N < K): a data dependence."""
+    return (jnp.tile(y_TN, (1, pl.cdiv(K, y_TN.shape[1])))[:, :K] * 0.5).astype(dtype)
 
-        def step(i, x):
-            y = matmul(x, w_LNK[i % w_LNK.shape[0]])
-            y = jnp.tile(y, (1, pl.cdiv(K, y.shape[1])))[:, :K]
-            return (y * 0.5).astype(x.dtype)
-        return lax.fori_loop(0, n, step, x_TK)
+
+def _chain(matmul, rounds: int):
+    """``rounds`` loop iterations of 30 matmuls each, one per weight (30 arrays, as the 30 layers' are), each
+    output feeding the next input. A ``while_loop`` iteration has a fixed cost of its own (~10 us on a GPU:
+    session 54's first run, one matmul per iteration, measured mostly that), here spread over 30 matmuls."""
+    def run(x_TK, ws):
+        def body(i, x):
+            for w in ws:
+                x = _next_input(matmul(x, w), x.shape[1], x.dtype)
+            return x
+        return lax.fori_loop(0, rounds, body, x_TK)
     return jax.jit(run)
 
 
-def timer(matmul, x, w, n1: int = 60, n2: int = 240, reps: int = 3):
-    """Compiles the two chains once; each call of the returned function times them, ms per matmul."""
-    f1, f2 = _chain(matmul, n1), _chain(matmul, n2)
-    f1(x, w).block_until_ready(), f2(x, w).block_until_ready()
+def timer(matmul, x, ws, r1: int = 2, r2: int = 8, reps: int = 3):
+    """Compiles the two chains once; each call of the returned function times them: us per matmul (with its
+    ``_next_input`` fusion, the same for every form)."""
+    f1, f2 = _chain(matmul, r1), _chain(matmul, r2)
+    f1(x, ws).block_until_ready(), f2(x, ws).block_until_ready()
 
-    def ms() -> float:
+    def us() -> float:
         best = []
         for f in (f1, f2):
             ts = []
             for _ in range(reps):
                 t = time.perf_counter()
-                f(x, w).block_until_ready()
+                f(x, ws).block_until_ready()
                 ts.append(time.perf_counter() - t)
             best.append(min(ts))
-        return (best[1] - best[0]) / (n2 - n1) * 1e3
-    return ms
+        return (best[1] - best[0]) / ((r2 - r1) * len(ws)) * 1e6
+    return us
 
 
 def xla_configs(x, w) -> list[str]:
     hlo = jax.jit(_xla).lower(x, w).compile().as_text()
-    found = sorted(set(re.findall(r'"triton_gemm_config":\{[^}]*\}', hlo)))
+    found = sorted(set(re.findall(r'"(?:triton_gemm_config|tritonGemmConfig)":\{[^}]*\}', hlo)))
     kinds = sorted(set(re.findall(r"kind=k(\w+)", hlo)))
     return found or [f"no Triton GEMM; fusion kinds {kinds}"]
 
@@ -158,24 +164,25 @@ def main():
     print("| shape | T | form | round | us per matmul |\n|---|---|---|---|---|", flush=True)
     for name in a.shapes.split(","):
         K, N = SHAPES[name]
-        w = (jax.random.normal(key, (30, N, K), jnp.float32) * K ** -0.5).astype(jnp.bfloat16)
+        ws = tuple((jax.random.normal(k, (N, K), jnp.float32) * K ** -0.5).astype(jnp.bfloat16)
+                   for k in jax.random.split(key, 30))
         for T in map(int, a.ts.split(",")):
             x = jax.random.normal(key, (T, K), jnp.float32).astype(jnp.bfloat16)
             if a.configs:
-                print(f"{name} T={T} XLA:", *xla_configs(x, w[0]), flush=True)
-            forms = {"xla": timer(_xla, x, w)}
+                print(f"{name} T={T} XLA:", *xla_configs(x, ws[0]), flush=True)
+            forms = {"xla": timer(_xla, x, ws)}
             if T % 8 == 0:
-                want = _xla(x, w[0]).astype(jnp.float32)
+                want = _xla(x, ws[0]).astype(jnp.float32)
                 for bn in [int(b) for b in a.bns.split(",") if b]:
                     if N % bn == 0:
                         f = functools.partial(skinny_matmul, bn=bn)
-                        err = float(jnp.max(jnp.abs(f(x, w[0]).astype(jnp.float32) - want)))
+                        err = float(jnp.max(jnp.abs(f(x, ws[0]).astype(jnp.float32) - want)))
                         print(f"{name} T={T} bn={bn}: max |kernel - XLA| {err:.3g} (max |XLA| "
                               f"{float(jnp.max(jnp.abs(want))):.3g})", flush=True)
-                        forms[f"mgpu{bn}"] = timer(f, x, w)
+                        forms[f"mgpu{bn}"] = timer(f, x, ws)
             for r in range(a.rounds):
-                for label, ms in forms.items():
-                    print(f"| {name} | {T} | {label} | r{r} | {ms() * 1e3:.2f} |", flush=True)
+                for label, us in forms.items():
+                    print(f"| {name} | {T} | {label} | r{r} | {us():.2f} |", flush=True)
 
 
 if __name__ == "__main__":
