@@ -3,8 +3,8 @@
 #   bash benchmarks/skinny_gemm_gpu.sh
 # The verify forward's GEMMs (benchmarks/NOTES.md item 46): skinny_gemm_probe.py with XLA's defaults (XLA at T=1
 # and 8, the Mosaic GPU kernel at 8, XLA's Triton configs), XLA's GEMMs again with its exhaustive tiling search
-# (XLA_FLAGS, so it reaches the autotuner), then the whole T=8 forward with the kernel for every matmul
-# (verify_forward_probe.py's mgpu_linear) against the default, with its kernel profile. Log: $OUT/skinny_gemm_log.txt.
+# (XLA_FLAGS, so it reaches the autotuner), then the whole forward at T = 1, 5, 8 with the kernel for every matmul
+# of 2-64 rows (verify_forward_probe.py's mgpu_linear) against the default, with the T=5 kernel profile. Log: $OUT/skinny_gemm_log.txt.
 # Its first run (results/skinny_gemm_H100_2026-12-06_log.txt) had one matmul per loop iteration (now 30) and a
 # 200 s forward step whose limit cut it before any timing, in its T=8 compilations (now 300 s).
 set -uo pipefail

@@ -12,8 +12,8 @@ x's T rows at once, then one wgmma per chunk as each lands, and stores the T row
 
 What it times (``timer``): a ``fori_loop`` whose every iteration runs 30 matmuls over 30 distinct weights of one
 layer shape (as the 30 layers: ~105 MB for gate|up, past the 50 MB L2), each output fed into the next input,
-(t(r2) - t(r1)) / (30 (r2 - r1)) per matmul. XLA's form at T=1 (its reduction) and T>1 (its Triton GEMM), the kernel at T>1. ``--configs`` prints
-the Triton GEMM configs XLA picked (from the compiled HLO). Run once with XLA's defaults and once with
+(t(r2) - t(r1)) / (30 (r2 - r1)) per matmul. XLA's form at T=1 (its reduction) and T>1 (its Triton GEMM), the
+kernel at T>1. ``--configs`` prints the Triton GEMM configs XLA picked (from the compiled HLO). Run once with XLA's defaults and once with
 ``XLA_FLAGS=--xla_gpu_exhaustive_tiling_search=true`` to see whether its search space holds a faster tiling.
 """
 from __future__ import annotations
@@ -88,8 +88,9 @@ def pick_bn(N: int) -> int:
 
 
 def routed_linear(original):
-    """``layers.linear`` with the kernel for bf16 products of 2-64 rows (padded to a multiple of 8) (``verify_forward_probe``'s
-    ``mgpu_linear`` variant), float32 out as ``linear`` gives; everything else goes to ``original``."""
+    """``layers.linear`` with the kernel for bf16 products of 2-64 rows, padded to a multiple of 8
+    (``verify_forward_probe``'s ``mgpu_linear`` variant), float32 out as ``linear`` gives; everything else goes to
+    ``original``."""
     def linear(x_BTI, w_OI, compute_dtype="param"):
         K, N = x_BTI.shape[-1], w_OI.shape[0]
         rows = x_BTI.size // K
@@ -114,8 +115,9 @@ def _next_input(y_TN, K: int, dtype):
 
 def _chain(matmul, rounds: int):
     """``rounds`` loop iterations of 30 matmuls each, one per weight (30 arrays, as the 30 layers' are), each
-    output feeding the next input. A ``while_loop`` iteration has a fixed cost of its own (~10 us on a GPU:
-    session 54's first run, one matmul per iteration, measured mostly that), here spread over 30 matmuls."""
+    output feeding the next input. A ``while_loop`` iteration has a fixed cost of its own, here spread over 30
+    matmuls (session 54's first run had one matmul per iteration and read 10-25 us per matmul, ~5x what a GEMM
+    takes in the forward: most of it, by that reading, the iteration's cost)."""
     def run(x_TK, ws):
         def body(i, x):
             for w in ws:

@@ -18,8 +18,9 @@ Variants (T > 1 only; a one-row step keeps its folded path, ``layers.fold_norm``
                 before each o GEMM at T > 1 (``default`` has the kernel store o in bf16);
   ``mlp_prenorm`` the MLP's RMSNorm before gate/up at T > 1 (``swiglu(rms_norm(x))``), as the attention's is,
                 instead of ``norm_swiglu``'s 1/rms after the GEMM.
-  ``mgpu_linear`` every bf16 matmul of 2-64 rows (padded to a multiple of 8) as ``skinny_gemm_probe.skinny_matmul`` (all weight loads in
-                flight at once) instead of XLA's GEMM; other row counts unchanged.
+  ``mgpu_linear`` every bf16 matmul of 2-64 rows (padded to a multiple of 8) as
+                ``skinny_gemm_probe.skinny_matmul`` (all weight loads in flight at once) instead of XLA's GEMM;
+                one-row matmuls unchanged (benchmarks/NOTES.md item 46).
 Results: ``results/verify_forward_probe_H200_2026-12-04.txt`` (benchmarks/NOTES.md item 41; its call 1 ran
 ``qkv_post`` and ``qkv_knorm`` before o was stored in bf16, against a default that had the convert too).
 """
