@@ -65,3 +65,13 @@ def test_pick_bn_gives_every_smollm2_matmul_at_least_72_ctas():
     picks = {name: sg.pick_bn(N) for name, (_, N) in sg.SHAPES.items()}
     assert picks == {"qkv": 8, "o": 8, "gate_up": 32, "down": 8}
     assert all(N // picks[n] >= 72 for n, (_, N) in sg.SHAPES.items())
+
+
+def test_call_sites_share_one_lowered_kernel():
+    """30 calls of ``jitted`` in one program lower to one Mosaic GPU custom call in one shared function (each
+    call site of the bare entry would lower the kernel again: seconds per program at a forward's ~120 calls)."""
+    K, N = sg.SHAPES["o"]
+    ws = tuple(jax.ShapeDtypeStruct((N, K), jnp.bfloat16) for _ in range(30))
+    text = sg._chain(sg.jitted(8), 2).trace(jax.ShapeDtypeStruct((8, K), jnp.bfloat16), ws).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert text.count("custom_call @mosaic_gpu") == 1
