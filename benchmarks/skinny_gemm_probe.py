@@ -104,7 +104,7 @@ def routed_linear(original):
         rows = x_BTI.size // K
         if compute_dtype != "param" or w_OI.dtype != jnp.bfloat16 or rows < 2 or rows > 64 or K % KC or N % 8:
             return original(x_BTI, w_OI, compute_dtype)
-        pad = -rows % 8  # rows to a multiple of 8 (XLA fuses the pad into x's producer, the slice into the consumer)
+        pad = -rows % 8  # rows to a multiple of 8 (for XLA to fuse the pad into x's producer, the slice onward)
         x_TK = jnp.pad(x_BTI.reshape(rows, K).astype(w_OI.dtype), ((0, pad), (0, 0)))
         out = jitted(pick_bn(N), jnp.float32)(x_TK, w_OI)[:rows]
         return out.reshape(*x_BTI.shape[:-1], N)
