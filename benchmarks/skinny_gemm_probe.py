@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import functools
 import re
-import time
 
 import jax
 import jax.numpy as jnp
@@ -29,14 +28,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+import common
+from pallas_kernels.flash_attention import _smem_tiled
+
 # SmolLM2-135M: D = 576, q|k|v 576 -> 960, o 576 -> 576, gate|up 576 -> 3072, down 1536 -> 576
 SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576)}
 KC = 64  # K columns per chunk: the 128-byte swizzle of bf16; one TMA load and one barrier each
-
-
-def _tiled(shape, dtype, minor: int):
-    swizzle = minor * jnp.dtype(dtype).itemsize
-    return plgpu.SMEM(shape, dtype, transforms=(plgpu.TilingTransform((8, minor)), plgpu.SwizzleTransform(swizzle)))
 
 
 def skinny_matmul(x_TK, w_NK, *, bn: int = 16, out_dtype=None, interpret: bool = False):
@@ -73,7 +70,7 @@ def skinny_matmul(x_TK, w_NK, *, bn: int = 16, out_dtype=None, interpret: bool =
         plgpu.copy_smem_to_gmem(o_smem.at[pl.ds(0, T)], o_ref.at[:, pl.ds(n0, bn)])
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-    scratch = (_tiled(((nk - 1) * T + 64, KC), x_TK.dtype, KC), _tiled((nk, bn, KC), w_NK.dtype, KC),
+    scratch = (_smem_tiled(((nk - 1) * T + 64, KC), x_TK.dtype), _smem_tiled((nk, bn, KC), w_NK.dtype),
                plgpu.SMEM((64, bn), out_dtype),
                plgpu.Barrier(num_arrivals=nk, num_barriers=1), plgpu.Barrier(num_barriers=nk))
     kw = dict(interpret=plgpu.InterpretGPUParams()) if interpret else {}
@@ -97,8 +94,8 @@ def pick_bn(N: int) -> int:
 
 def routed_linear(original):
     """``layers.linear`` with the kernel for bf16 products of 2-64 rows, padded to a multiple of 8
-    (``verify_forward_probe``'s ``mgpu_linear`` variant), float32 out as ``linear`` gives; everything else goes to
-    ``original``."""
+    (the ``mgpu_linear`` variant of ``verify_cost_probe`` and ``verify_forward_probe``, through
+    ``verify_cost_probe.LINEARS``), float32 out as ``linear`` gives; everything else goes to ``original``."""
     def linear(x_BTI, w_OI, compute_dtype="param"):
         K, N = x_BTI.shape[-1], w_OI.shape[0]
         rows = x_BTI.size // K
@@ -121,12 +118,12 @@ def _next_input(y_TN, K: int, dtype):
     return (jnp.tile(y_TN, (1, pl.cdiv(K, y_TN.shape[1])))[:, :K] * 0.5).astype(dtype)
 
 
-def _chain(matmul, rounds: int):
-    """``rounds`` loop iterations of 30 matmuls each, one per weight (30 arrays, as the 30 layers' are), each
-    output feeding the next input. A ``while_loop`` iteration has a fixed cost of its own, here spread over 30
+def _chain(matmul):
+    """``rounds`` (traced: one compilation for every count) loop iterations of 30 matmuls each, one per weight
+    (30 arrays, as the 30 layers' are), each output feeding the next input. A ``while_loop`` iteration has a fixed cost of its own, here spread over 30
     matmuls (session 54's first run had one matmul per iteration and read 10-25 us per matmul, ~5x what a GEMM
     takes in the forward: most of it, by that reading, the iteration's cost)."""
-    def run(x_TK, ws):
+    def run(x_TK, ws, rounds):
         def body(i, x):
             for w in ws:
                 x = _next_input(matmul(x, w), x.shape[1], x.dtype)
@@ -135,22 +132,15 @@ def _chain(matmul, rounds: int):
     return jax.jit(run)
 
 
-def timer(matmul, x, ws, r1: int = 2, r2: int = 8, reps: int = 3):
-    """Compiles the two chains once; each call of the returned function times them: us per matmul (with its
-    ``_next_input`` fusion, the same for every form)."""
-    f1, f2 = _chain(matmul, r1), _chain(matmul, r2)
-    f1(x, ws).block_until_ready(), f2(x, ws).block_until_ready()
+def timer(matmul, x, ws, r1: int = 2, r2: int = 8, repeats: int = 3):
+    """Compiles the chain once; each call of the returned function times it at ``r1`` and ``r2`` rounds
+    (``common.median_seconds``, as ``verify_cost_probe.forward_ms``): us per matmul (with its ``_next_input``
+    fusion, the same for every form)."""
+    chain = _chain(matmul)
 
     def us() -> float:
-        best = []
-        for f in (f1, f2):
-            ts = []
-            for _ in range(reps):
-                t = time.perf_counter()
-                f(x, ws).block_until_ready()
-                ts.append(time.perf_counter() - t)
-            best.append(min(ts))
-        return (best[1] - best[0]) / ((r2 - r1) * len(ws)) * 1e6
+        t1, t2 = (common.median_seconds(lambda r=r: chain(x, ws, jnp.int32(r)), repeats) for r in (r1, r2))
+        return (t2 - t1) / ((r2 - r1) * len(ws)) * 1e6
     return us
 
 
@@ -169,7 +159,8 @@ def main():
     ap.add_argument("--configs", action="store_true")
     ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()
-    print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, {time.strftime('%Y-%m-%d')}", flush=True)
+    h = common.header()
+    print(f"{h['device_kind']}, jax {h['jax']}, {h['date']}: {h['command']}", flush=True)
     key = jax.random.PRNGKey(0)
     print("| shape | T | form | round | us per matmul |\n|---|---|---|---|---|", flush=True)
     for name in a.shapes.split(","):

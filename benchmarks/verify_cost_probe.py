@@ -11,7 +11,8 @@
    (``xla_gpu_exhaustive_tiling_search=True``: the autotuner tries every Triton GEMM tiling); ``reduce_linear`` (every matmul of <= 16 rows
    traced as a multiply + reduction, the form XLA gives a one-row product, in place of a GEMM); ``sibling_linear`` /
    ``variadic_linear`` (2..16 rows: each row its own one-row reduction over the shared weight, as T sibling reductions
-   or as one variadic reduce; benchmarks/NOTES.md item 44).
+   or as one variadic reduce; benchmarks/NOTES.md item 44); ``mgpu_linear`` (2..64 rows through
+   ``skinny_gemm_probe.skinny_matmul``, a Mosaic GPU kernel with every weight load in flight; item 46).
 2. ``cycle`` ms of ``speculative_generate`` with a random EAGLE-3 head (12288-token draft vocabulary):
    it accepts ~nothing; ms/cycle = the difference of a 256- and a 64-token run over the difference of their
    cycle counts. cycle(K) - forward(K+1) is the drafter (K-1 chained head steps + one (K+1)-row update)
@@ -46,6 +47,7 @@ import numpy as np
 
 import bench_decode
 import common
+import skinny_gemm_probe
 from specjax import cache as kv
 from specjax import layers, model, sampling
 from specjax.heads import eagle3
@@ -56,7 +58,7 @@ from specjax.speculative.drafters.ngram import NGram
 
 gen = importlib.import_module("specjax.generate")  # the module (the package exports a function of that name)
 VARIANTS = {"default": None, "triton_gemm_off": {"xla_gpu_enable_triton_gemm": False}, "reduce_linear": None,
-            "sibling_linear": None, "variadic_linear": None,
+            "sibling_linear": None, "variadic_linear": None, "mgpu_linear": None,
             "exhaustive_tiling": {"xla_gpu_exhaustive_tiling_search": True}}
 
 
@@ -101,8 +103,9 @@ def variadic_linear(x_BTI, w_OI, compute_dtype="param"):
     return jnp.stack(outs).reshape(x_BTI.shape[:-1] + (w_OI.shape[0],))
 
 
-LINEARS = {"reduce_linear": reduce_linear, "sibling_linear": sibling_linear, "variadic_linear": variadic_linear}
 ORIGINAL_LINEAR = layers.linear
+LINEARS = {"reduce_linear": reduce_linear, "sibling_linear": sibling_linear, "variadic_linear": variadic_linear,
+           "mgpu_linear": skinny_gemm_probe.routed_linear(ORIGINAL_LINEAR)}
 
 
 @contextlib.contextmanager

@@ -37,11 +37,10 @@ import jax.numpy as jnp
 import bench_decode
 import common
 import profile_decode
-import skinny_gemm_probe
 from specjax import attention, layers, model
 from specjax import cache as kv
 from specjax.layers import fold_norm, inv_rms, linear
-from verify_cost_probe import forward_ms, patched_o_f32
+from verify_cost_probe import forward_ms, patched_linear, patched_o_f32
 
 ORIGINAL_BLOCK = model.attention_block
 
@@ -70,7 +69,6 @@ def _block(kind: str):
 VARIANTS = {"default": None, "qkv_post": _block("qkv_post"), "qkv_knorm": _block("qkv_knorm"), "o_f32": None,
             "mlp_prenorm": None, "mgpu_linear": None}
 ORIGINAL_NORM_SWIGLU = model.norm_swiglu
-ORIGINAL_LINEAR = layers.linear
 
 
 def prenorm_swiglu(x_BTD, w_norm_D, eps, w_gate_up_2FD, w_down_DF, compute_dtype="param"):
@@ -86,14 +84,11 @@ def variant(name: str):
         model.attention_block = VARIANTS[name]
     if name == "mlp_prenorm":
         model.norm_swiglu = prenorm_swiglu
-    if name == "mgpu_linear":
-        layers.linear = model.linear = skinny_gemm_probe.routed_linear(ORIGINAL_LINEAR)
     try:
-        with patched_o_f32(name == "o_f32"):
+        with patched_o_f32(name == "o_f32"), patched_linear(name):  # mgpu_linear: verify_cost_probe.LINEARS
             yield
     finally:
         model.attention_block, model.norm_swiglu = ORIGINAL_BLOCK, ORIGINAL_NORM_SWIGLU
-        layers.linear = model.linear = ORIGINAL_LINEAR
         jax.clear_caches()
 
 

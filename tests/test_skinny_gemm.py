@@ -72,6 +72,6 @@ def test_call_sites_share_one_lowered_kernel():
     call site of the bare entry would lower the kernel again: seconds per program at a forward's ~120 calls)."""
     K, N = sg.SHAPES["o"]
     ws = tuple(jax.ShapeDtypeStruct((N, K), jnp.bfloat16) for _ in range(30))
-    text = sg._chain(sg.jitted(8), 2).trace(jax.ShapeDtypeStruct((8, K), jnp.bfloat16), ws).lower(
+    text = sg._chain(sg.jitted(8)).trace(jax.ShapeDtypeStruct((8, K), jnp.bfloat16), ws, 2).lower(
         lowering_platforms=("cuda",)).as_text()
     assert text.count("custom_call @mosaic_gpu") == 1
