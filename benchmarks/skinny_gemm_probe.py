@@ -15,6 +15,10 @@ layer shape (as the 30 layers: ~105 MB for gate|up, past the 50 MB L2), each out
 (t(r2) - t(r1)) / (30 (r2 - r1)) per matmul. XLA's form at T=1 (its reduction) and T>1 (its Triton GEMM), the
 kernel at T>1. ``--configs`` prints the Triton GEMM configs XLA picked (from the compiled HLO). Run once with XLA's defaults and once with
 ``XLA_FLAGS=--xla_gpu_exhaustive_tiling_search=true`` to see whether its search space holds a faster tiling.
+
+Outcome (one H100, 2026-12-06, ``results/skinny_gemm_H100_2026-12-06_run2_log.txt``; NOTES item 46): correct, but
+slower than XLA's GEMMs (level at gate|up, ~1.8x at down), and the verify forward with every matmul routed through
+it 15-30 % slower. Kept as a probe; ``layers.linear`` does not use it.
 """
 from __future__ import annotations
 
