@@ -3,7 +3,7 @@
 #   bash benchmarks/xla_tiling_gpu.sh
 # Does XLA's Triton GEMM search space hold a faster tiling for the verify forward's GEMMs (benchmarks/NOTES.md
 # item 47)? Item 19 passed xla_gpu_exhaustive_tiling_search as a per-jit compiler option after the default had
-# compiled the same fusions in that process (its autotuning results are cached per process), and saw no change.
+# compiled the same fusions in that process, and saw no change (XLA may have reused the autotuner's results of that compilation).
 # Here each form is its own process, the flag in XLA_FLAGS: the verify forward at T = 6 and 8 (verify_cost_probe.py),
 # default / exhaustive / default / exhaustive, the autotuner's choices of the first two dumped to $OUT.
 set -uo pipefail
