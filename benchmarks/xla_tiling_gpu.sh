@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call, from the repo root, carrying .whl (verify_cost_probe.py imports specjax):
-#   bash benchmarks/xla_tiling_gpu.sh
+#   [ROUNDS=2] bash benchmarks/xla_tiling_gpu.sh
 # Does XLA's Triton GEMM search space hold a faster tiling for the verify forward's GEMMs (benchmarks/NOTES.md
 # item 47)? Item 19 passed xla_gpu_exhaustive_tiling_search as a per-jit compiler option after the default had
 # compiled the same fusions in that process, and saw no change (XLA may have reused the autotuner's results of that compilation).
@@ -13,7 +13,7 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false
 EXH=--xla_gpu_exhaustive_tiling_search=true
 FWD=(python3 benchmarks/verify_cost_probe.py --ts 6,8 --variants default --ks "" --drafters "" --ar-rounds 0)
 DUMP=--xla_gpu_dump_autotune_results_to  # the configs the autotuner chose (text proto), first round only
-for r in 1 2; do
+for r in $(seq "${ROUNDS:-2}"); do
   d() { [ "$r" = 1 ] && echo "$DUMP=$OUT/autotune_$1.txt"; }
   XLA_FLAGS="$(d default)" step "fwd_default_$r" 50 10 "${FWD[@]}"
   XLA_FLAGS="$EXH $(d exhaustive)" step "fwd_exhaustive_$r" 140 10 "${FWD[@]}"
