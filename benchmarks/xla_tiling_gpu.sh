@@ -5,17 +5,21 @@
 # item 47)? Item 19 passed xla_gpu_exhaustive_tiling_search as a per-jit compiler option after the default had
 # compiled the same fusions in that process, and saw no change (XLA may have reused the autotuner's results of that compilation).
 # Here each form is its own process, the flag in XLA_FLAGS: the verify forward at T = 6 and 8 (verify_cost_probe.py),
-# default / exhaustive / default / exhaustive, the autotuner's choices of the first two dumped to $OUT.
+# default / exhaustive / split-K off in each round, the autotuner's choices of the first round dumped to $OUT.
+# Split-K off: item 46's trace had XLA fuse each residual add into the next norm's reduction when the o and down
+# products came whole (a custom call); its own split-K GEMMs leave the partial sums to a kernel of their own.
 set -uo pipefail
 source benchmarks/device_lib.sh  # probe_setup, step
 probe_setup /tmp/tiling_out xla_tiling_log.txt
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 EXH=--xla_gpu_exhaustive_tiling_search=true
+NOSPLIT=--xla_gpu_enable_split_k_autotuning=false  # o and down without split-K: no partial sums to add apart
 FWD=(python3 benchmarks/verify_cost_probe.py --ts 6,8 --variants default --ks "" --drafters "" --ar-rounds 0)
 DUMP=--xla_gpu_dump_autotune_results_to  # the configs the autotuner chose (text proto), first round only
 for r in $(seq "${ROUNDS:-2}"); do
   d() { [ "$r" = 1 ] && echo "$DUMP=$OUT/autotune_$1.txt"; }
   XLA_FLAGS="$(d default)" step "fwd_default_$r" 50 10 "${FWD[@]}"
   XLA_FLAGS="$EXH $(d exhaustive)" step "fwd_exhaustive_$r" 140 10 "${FWD[@]}"
+  XLA_FLAGS="$NOSPLIT $(d nosplitk)" step "fwd_nosplitk_$r" 50 10 "${FWD[@]}"
 done
 true
