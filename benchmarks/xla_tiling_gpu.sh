@@ -13,7 +13,8 @@ source benchmarks/device_lib.sh  # probe_setup, step
 probe_setup /tmp/tiling_out xla_tiling_log.txt
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 EXH=--xla_gpu_exhaustive_tiling_search=true
-NOSPLIT=--xla_gpu_enable_split_k_autotuning=false  # o and down without split-K: no partial sums to add apart
+NOSPLIT=--xla_gpu_experimental_force_split_k=1  # o and down without split-K (this jaxlib no longer parses
+# xla_gpu_enable_split_k_autotuning): no partial sums to add apart; the dump shows whether it took
 FWD=(python3 benchmarks/verify_cost_probe.py --ts 6,8 --variants default --ks "" --drafters "" --ar-rounds 0)
 DUMP=--xla_gpu_dump_autotune_results_to  # the configs the autotuner chose (text proto), first round only
 for r in $(seq "${ROUNDS:-2}"); do
