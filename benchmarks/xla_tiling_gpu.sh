@@ -8,6 +8,8 @@
 # default / exhaustive / split-K off in each round, the autotuner's choices of the first round dumped to $OUT.
 # Split-K off: item 46's trace had XLA fuse each residual add into the next norm's reduction when the o and down
 # products came whole (a custom call); its own split-K GEMMs leave the partial sums to a kernel of their own.
+# Result (one H100, 2026-12-06): results/xla_tiling_H100_2026-12-06_log.txt; the exhaustive search chose other configs
+# and was level with the default, the split-K flag 21 % slower (NOTES item 47).
 set -uo pipefail
 source benchmarks/device_lib.sh  # probe_setup, step
 probe_setup /tmp/tiling_out xla_tiling_log.txt
