@@ -13,8 +13,9 @@ x's T rows at once, then one wgmma per chunk as each lands, and stores the T row
 What it times (``timer``): a ``fori_loop`` whose every iteration runs 30 matmuls over 30 distinct weights of one
 layer shape (as the 30 layers: ~105 MB for gate|up, past the 50 MB L2), each output fed into the next input,
 (t(r2) - t(r1)) / (30 (r2 - r1)) per matmul. XLA's form at T=1 (its reduction) and T>1 (its Triton GEMM), the
-kernel at T>1. ``--configs`` prints the Triton GEMM configs XLA picked (from the compiled HLO). Run once with XLA's defaults and once with
-``XLA_FLAGS=--xla_gpu_exhaustive_tiling_search=true`` to see whether its search space holds a faster tiling.
+kernel at T>1. ``--configs`` looks for the Triton GEMM configs in the compiled HLO (on jax 0.11.2 it found none and
+prints the fusion kinds; ``xla_tiling_gpu.sh`` dumps the autotuner's choices instead). XLA's exhaustive tiling search:
+``xla_tiling_gpu.sh`` (item 47: other configs, the same time).
 
 Outcome (one H100, 2026-12-06, ``results/skinny_gemm_H100_2026-12-06_run2_log.txt``; NOTES item 46): correct, but
 slower than XLA's GEMMs (level at gate|up, ~1.8x at down), and the verify forward with every matmul routed through

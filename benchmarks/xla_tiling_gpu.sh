@@ -7,7 +7,7 @@
 # Here each form is its own process, the flag in XLA_FLAGS: the verify forward at T = 6 and 8 (verify_cost_probe.py),
 # default / exhaustive / split-K off in each round, the autotuner's choices of the first round dumped to $OUT.
 # Split-K off: item 46's trace had XLA fuse each residual add into the next norm's reduction when the o and down
-# products came whole (a custom call); its own split-K GEMMs leave the partial sums to a kernel of their own.
+# products came whole (a custom call); item 41 read split-K 8 for them in XLA's HLO, the partial sums added apart.
 # Result (one H100, 2026-12-06): results/xla_tiling_H100_2026-12-06_log.txt; the exhaustive search chose other configs
 # and was level with the default, the split-K flag 21 % slower (NOTES item 47).
 set -uo pipefail
