@@ -35,6 +35,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import common
 from pallas_kernels.flash_attention import _smem_tiled
+from specjax.layers import linear as _linear
 
 # SmolLM2-135M: D = 576, q|k|v 576 -> 960, o 576 -> 576, gate|up 576 -> 3072, down 1536 -> 576
 SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576)}
@@ -106,7 +107,8 @@ def routed_linear(original):
         rows = x_BTI.size // K
         if compute_dtype != "param" or w_OI.dtype != jnp.bfloat16 or rows < 2 or rows > 64 or K % KC or N % 8:
             return original(x_BTI, w_OI, compute_dtype)
-        pad = -rows % 8  # rows to a multiple of 8 (for XLA to fuse the pad into x's producer, the slice onward)
+        pad = -rows % 8  # rows to a multiple of 8 (meant to fuse into x's producer; on the H100 it ran as a kernel
+        # of its own, ~1.2 us per call, NOTES item 46)
         x_TK = jnp.pad(x_BTI.reshape(rows, K).astype(w_OI.dtype), ((0, pad), (0, 0)))
         out = jitted(pick_bn(N), jnp.float32)(x_TK, w_OI)[:rows]
         return out.reshape(*x_BTI.shape[:-1], N)
@@ -114,8 +116,9 @@ def routed_linear(original):
 
 
 def _xla(x_TK, w_NK):
-    """``layers.linear``'s product (bf16 operands, float32 accumulation), rounded to bf16."""
-    return jnp.einsum("ti,oi->to", x_TK, w_NK, preferred_element_type=jnp.float32).astype(x_TK.dtype)
+    """``layers.linear``'s product (bf16 operands, float32 accumulation), rounded to bf16. The function bound at
+    import: ``verify_cost_probe.patched_linear`` swaps ``layers.linear`` while tracing."""
+    return _linear(x_TK, w_NK).astype(x_TK.dtype)
 
 
 def _next_input(y_TN, K: int, dtype):
@@ -125,9 +128,9 @@ def _next_input(y_TN, K: int, dtype):
 
 def _chain(matmul):
     """``rounds`` (traced: one compilation for every count) loop iterations of 30 matmuls each, one per weight
-    (30 arrays, as the 30 layers' are), each output feeding the next input. A ``while_loop`` iteration has a fixed cost of its own, here spread over 30
-    matmuls (session 54's first run had one matmul per iteration and read 10-25 us per matmul, ~5x what a GEMM
-    takes in the forward: most of it, by that reading, the iteration's cost)."""
+    (30 arrays, as the 30 layers' are), each output feeding the next input. A ``while_loop`` iteration has a fixed
+    cost of its own, here spread over 30 matmuls (session 54's first run had one matmul per iteration and read
+    10-25 us per matmul, ~5x what a GEMM takes in the forward: most of it, by that reading, the iteration's cost)."""
     def run(x_TK, ws, rounds):
         def body(i, x):
             for w in ws:
