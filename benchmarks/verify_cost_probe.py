@@ -17,8 +17,9 @@
    it accepts ~nothing; ms/cycle = the difference of a 256- and a 64-token run over the difference of their
    cycle counts. cycle(K) - forward(K+1) is the drafter (K-1 chained head steps + one (K+1)-row update)
    plus the loop's bookkeeping. The n-gram drafter (no model call) gives the loop's bookkeeping plus a cheap
-   proposal; ``+reduce_linear`` traces the cycle with ``reduce_linear``; ``--spec-unroll 2`` runs two cycles
-   per ``while_loop`` iteration.
+   proposal; ``+reduce_linear`` traces the cycle with ``reduce_linear``, ``+mlp_postscale`` with the MLP's norm of
+   several rows as before 2026-12-06 (its 1/rms after the gate/up GEMM, item 48); ``--spec-unroll 2`` runs two
+   cycles per ``while_loop`` iteration.
 3. Greedy AR ms/token (``generate._generate``, 256- minus 64-token runs) with the sampler as it is (greedy
    fixed on the host, ``SamplingParams.is_greedy``) and with the per-step ``lax.cond`` on the temperature
    that it had before 2026-11-27 (``cond_sample`` patched in), alternating. The results file
@@ -121,6 +122,28 @@ def patched_o_f32(on: bool):
         model.operand_dtype, eagle3.operand_dtype = saved
 
 
+def postscale_swiglu(x_BTD, w_norm_D, eps, w_gate_up_2FD, w_down_DF, compute_dtype="param"):
+    """``layers.norm_swiglu`` before 2026-12-06 (``mlp_postscale``): several rows, too, take the norm's 1/rms after
+    the gate/up GEMM (its operand x * w) instead of the norm before it (benchmarks/NOTES.md items 41, 48)."""
+    if layers.fold_norm(x_BTD, w_gate_up_2FD, compute_dtype) or layers.one_row(x_BTD):
+        return ORIGINAL_NORM_SWIGLU(x_BTD, w_norm_D, eps, w_gate_up_2FD, w_down_DF, compute_dtype)
+    return layers.swiglu(w_norm_D * x_BTD, w_gate_up_2FD, w_down_DF, compute_dtype, layers.inv_rms(x_BTD, eps))
+
+
+ORIGINAL_NORM_SWIGLU = model.norm_swiglu
+
+
+@contextlib.contextmanager
+def patched_mlp(on: bool):
+    """``postscale_swiglu`` in place of the ``norm_swiglu`` that ``model`` imported, while tracing."""
+    if on:
+        model.norm_swiglu = postscale_swiglu
+    try:
+        yield
+    finally:
+        model.norm_swiglu = ORIGINAL_NORM_SWIGLU
+
+
 @contextlib.contextmanager
 def patched_linear(name: str):
     """``LINEARS[name]`` (if ``name`` is one) in place of ``layers.linear`` (and the name ``model`` imported)
@@ -134,9 +157,9 @@ def patched_linear(name: str):
 
 
 def forward_ms(params, cfg, T: int, options, lo: int = 40, hi: int = 160, repeats: int = 3,
-               taps=(2, 15, 27)) -> float:
-    cache = kv.set_lengths(kv.init_cache(cfg, 1, 512, jnp.bfloat16), jnp.array([256], jnp.int32))
-    toks = jnp.arange(T, dtype=jnp.int32)[None] + 7
+               taps=(2, 15, 27), B: int = 1) -> float:
+    cache = kv.set_lengths(kv.init_cache(cfg, B, 512, jnp.bfloat16), jnp.full((B,), 256, jnp.int32))
+    toks = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None] + 7, (B, T))
 
     @functools.partial(jax.jit, compiler_options=options)
     def loop(params, cache, n):
@@ -200,7 +223,7 @@ def main():
     ap.add_argument("--variants", default="default,triton_gemm_off", help=f"forward variants: {', '.join(VARIANTS)}")
     ap.add_argument("--drafters", default="eagle3", help="cycles with these drafters (eagle3, ngram, draft; "
                     "a suffix +reduce_linear traces them with reduce_linear, +o_f32 with the attention's "
-                    "output float32 as before 2026-12-04)")
+                    "output float32 as before 2026-12-04, +mlp_postscale with the MLP norm as before 2026-12-06)")
     ap.add_argument("--draft-layers", type=int, default=2, help="layers of the random draft model (--drafters draft)")
     ap.add_argument("--spec-unroll", default="1", help="cycles with these cycles per while iteration")
     ap.add_argument("--ar-rounds", type=int, default=2, help="alternating rounds of AR with a static / a traced greedy")
@@ -245,14 +268,14 @@ def main():
                        if d for k in args.ks.split(",") if k]:
         t0 = time.time()
         base, _, patch = name.partition("+")  # "eagle3+reduce_linear" -> "eagle3", "reduce_linear"
-        if base not in drafters or patch not in ("", "o_f32", *LINEARS):
+        if base not in drafters or patch not in ("", "o_f32", "mlp_postscale", *LINEARS):
             raise SystemExit(f"unknown --drafters entry {name!r}: expected eagle3, ngram or draft, "
-                             f"optionally +o_f32 or +one of {', '.join(LINEARS)}")
+                             f"optionally +o_f32, +mlp_postscale or +one of {', '.join(LINEARS)}")
         drafter, d_params = drafters[base]
         loop.decode_donating = original if u == 1 else unrolled_decode(u)
         name = name if u == 1 else f"{name} unroll {u}"
         jax.clear_caches()  # retrace with (or without) the patched linear
-        with patched_linear(patch), patched_o_f32(patch == "o_f32"):
+        with patched_linear(patch), patched_o_f32(patch == "o_f32"), patched_mlp(patch == "mlp_postscale"):
             runs = {n: [speculative_generate(params, cfg, prompt, drafter, d_params, num_draft=K, max_new_tokens=n,
                                              eos_token_ids=(), capacity=512) for _ in range(4)][1:] for n in (64, 256)}
         cycles = {n: int(r[0].stats.cycles_B.sum()) for n, r in runs.items()}

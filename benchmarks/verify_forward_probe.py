@@ -2,7 +2,7 @@
 variants of the T > 1 layer that run fewer kernels. SmolLM2 shape, random bf16 weights, B=1, 512-slot cache.
 
     PYTHONPATH=.:benchmarks python3 benchmarks/verify_forward_probe.py [--ts 1,5,8] [--variants default,qkv_post]
-        [--profile 1,5] [--hlo 5] [--rounds 2]
+        [--profile 1,5] [--hlo 5] [--rounds 2] [--decode-batch 8]
 
 1. ms per forward at each T and variant, as ``verify_cost_probe.forward_ms`` (N forwards in one jit'ed
    ``fori_loop``, (t(160) - t(40)) / 120), in ``--rounds`` alternating rounds.
@@ -11,13 +11,14 @@ variants of the T > 1 layer that run fewer kernels. SmolLM2 shape, random bf16 w
 3. ``--hlo T``: the optimized HLO of one forward at T (default variant) to ``$OUT/verify_forward_T{T}.hlo.txt``.
 Variants (T > 1 only; a one-row step keeps its folded path, ``layers.fold_norm``):
   ``qkv_post``  q|k|v = (x * w_norm) @ Wqkv, times 1/rms(x) after the GEMM (as ``layers.norm_swiglu`` does for
-                the MLP), so the normalised operand is not written by a kernel of its own;
+                the MLP's one-row step), so the normalised operand is not written by a kernel of its own;
   ``qkv_knorm`` the same GEMM, and 1/rms applied inside the attention kernel (``attend_new_tokens(norm=...)``,
                 the folded one-row path's form) from sum(x**2) in one more head;
   ``o_f32``     (all T) the attention's output float32, as before 2026-12-04, so XLA runs a convert kernel
                 before each o GEMM at T > 1 (``default`` has the kernel store o in bf16);
-  ``mlp_prenorm`` the MLP's RMSNorm before gate/up at T > 1 (``swiglu(rms_norm(x))``), as the attention's is,
-                instead of ``norm_swiglu``'s 1/rms after the GEMM.
+  ``mlp_postscale`` the MLP's 1/rms after the gate/up GEMM at T > 1 (its operand x * w), as ``layers.norm_swiglu``
+                had it before 2026-12-06 (item 41's ``mlp_prenorm``, the norm before the GEMM, is now the default;
+                item 48).
   ``mgpu_linear`` every bf16 matmul of 2-64 rows (padded to a multiple of 8) as
                 ``skinny_gemm_probe.skinny_matmul`` (all weight loads in flight at once) instead of XLA's GEMM;
                 one-row matmuls unchanged (benchmarks/NOTES.md item 46).
@@ -37,10 +38,10 @@ import jax.numpy as jnp
 import bench_decode
 import common
 import profile_decode
-from specjax import attention, layers, model
+from specjax import attention, model
 from specjax import cache as kv
 from specjax.layers import fold_norm, inv_rms, linear
-from verify_cost_probe import forward_ms, patched_linear, patched_o_f32
+from verify_cost_probe import forward_ms, patched_linear, patched_mlp, patched_o_f32
 
 ORIGINAL_BLOCK = model.attention_block
 
@@ -67,28 +68,18 @@ def _block(kind: str):
 
 
 VARIANTS = {"default": None, "qkv_post": _block("qkv_post"), "qkv_knorm": _block("qkv_knorm"), "o_f32": None,
-            "mlp_prenorm": None, "mgpu_linear": None}
-ORIGINAL_NORM_SWIGLU = model.norm_swiglu
-
-
-def prenorm_swiglu(x_BTD, w_norm_D, eps, w_gate_up_2FD, w_down_DF, compute_dtype="param"):
-    """``mlp_prenorm``: the MLP's RMSNorm applied before gate/up at T > 1 (``layers.swiglu(rms_norm(x))``)."""
-    if fold_norm(x_BTD, w_gate_up_2FD, compute_dtype):
-        return ORIGINAL_NORM_SWIGLU(x_BTD, w_norm_D, eps, w_gate_up_2FD, w_down_DF, compute_dtype)
-    return layers.swiglu(layers.rms_norm(x_BTD, w_norm_D, eps), w_gate_up_2FD, w_down_DF, compute_dtype)
+            "mlp_postscale": None, "mgpu_linear": None}
 
 
 @contextlib.contextmanager
 def variant(name: str):
     if VARIANTS[name] is not None:
         model.attention_block = VARIANTS[name]
-    if name == "mlp_prenorm":
-        model.norm_swiglu = prenorm_swiglu
-    try:
-        with patched_o_f32(name == "o_f32"), patched_linear(name):  # mgpu_linear: verify_cost_probe.LINEARS
+    try:  # mgpu_linear: verify_cost_probe.LINEARS
+        with patched_o_f32(name == "o_f32"), patched_linear(name), patched_mlp(name == "mlp_postscale"):
             yield
     finally:
-        model.attention_block, model.norm_swiglu = ORIGINAL_BLOCK, ORIGINAL_NORM_SWIGLU
+        model.attention_block = ORIGINAL_BLOCK
         jax.clear_caches()
 
 
@@ -124,6 +115,8 @@ def main():
     ap.add_argument("--profile", default="5", help="T values to trace (kernels per forward)")
     ap.add_argument("--hlo", default="5", help="T values whose optimized HLO is written to $OUT")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--decode-batch", default="", help="also time one-token forwards at these batch sizes > 1 "
+                    "(several rows, so the T > 1 variants apply)")
     args = ap.parse_args()
     names = [v for v in args.variants.split(",") if v]
     for v in names:
@@ -160,6 +153,12 @@ def main():
                 with variant(name):
                     ms = forward_ms(params, cfg, T, None)
                 print(f"| forward r{r} | T={T} | {name} | {ms:.4f} | {time.time() - t0:.0f} |", flush=True)
+        for B in [int(b) for b in args.decode_batch.split(",") if b]:
+            for name in names:
+                t0 = time.time()
+                with variant(name):
+                    ms = forward_ms(params, cfg, 1, None, B=B)
+                print(f"| forward r{r} | B={B}, T=1 | {name} | {ms:.4f} | {time.time() - t0:.0f} |", flush=True)
     for T in [int(t) for t in args.profile.split(",") if t]:
         per = {}
         for name in names if T > 1 else [n for n in names if n in ("default", "o_f32")]:

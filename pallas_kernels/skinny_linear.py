@@ -88,14 +88,13 @@ def _inv_rms(x_ref, m, I, bk, eps):
     return lax.rsqrt(ss / I + eps)
 
 
-def _row_products(x_ref, g_ref, w_ref, starts, *, M, I, bn, bk, eps, post=False):
-    """acc[m][p] = (norm(x[m]) if g_ref else x[m]) . w[starts[p] : starts[p] + bn]^T, float32 [bn];
-    ``post``: the operand is x[m] * g, the norm's 1/rms left for the caller to apply to the products.
+def _row_products(x_ref, g_ref, w_ref, starts, *, M, I, bn, bk, eps):
+    """acc[m][p] = (norm(x[m]) if g_ref else x[m]) . w[starts[p] : starts[p] + bn]^T, float32 [bn].
 
     The weight tile of a chunk is loaded once and used by every row; each row's products and sums
     are the same operations on the same tile shapes whatever M is (exactness, module doc). With
     block_k = 256 one warp spans a tile row (8 bf16 per thread), so the sums stay inside a warp."""
-    inv = [_inv_rms(x_ref, m, I, bk, eps) for m in range(M)] if g_ref is not None and not post else None
+    inv = [_inv_rms(x_ref, m, I, bk, eps) for m in range(M)] if g_ref is not None else None
     wdt = w_ref.dtype
 
     def chunk(c, accs):
@@ -109,7 +108,7 @@ def _row_products(x_ref, g_ref, w_ref, starts, *, M, I, bn, bk, eps, post=False)
         for m in range(M):
             x = plgpu.load(x_ref.at[_i(m), pl.ds(c * bk, bk)], mask=kmask, other=0.0).astype(jnp.float32)
             if g_ref is not None:
-                x = x * g if post else (x * inv[m]) * g
+                x = (x * inv[m]) * g
             x = x.astype(wdt).astype(jnp.float32)          # the matmul operand, as layers.linear
             out.append(tuple(a + jnp.sum(t * x[None, :], axis=1) for a, t in zip(accs[m], tiles)))
         return tuple(out)
@@ -135,13 +134,12 @@ def _linear_kernel(*refs, M, I, bn, bk, eps, norm, residual):
 
 
 def _swiglu_kernel(x_ref, g_ref, w_ref, o_ref, *, M, I, F, bn, bk, eps):
-    """One program = hidden features [pid * bn, +bn): silu(gate) * up, gate rows n, up rows F + n, the
-    norm's 1/rms applied to the products (as ``layers.norm_swiglu``)."""
+    """One program = hidden features [pid * bn, +bn): silu(gate) * up, gate rows n, up rows F + n, of the
+    normed rows (as ``layers.norm_swiglu`` at several rows)."""
     n0 = pl.program_id(0) * bn
-    accs = _row_products(x_ref, g_ref, w_ref, (n0, F + n0), M=M, I=I, bn=bn, bk=bk, eps=eps, post=True)
+    accs = _row_products(x_ref, g_ref, w_ref, (n0, F + n0), M=M, I=I, bn=bn, bk=bk, eps=eps)
     for m in range(M):
-        inv = _inv_rms(x_ref, m, I, bk, eps)
-        gate, up = accs[m][0] * inv, accs[m][1] * inv
+        gate, up = accs[m]
         o_ref[_i(m), pl.ds(n0, bn)] = gate * (1.0 / (1.0 + jnp.exp(-gate))) * up
 
 
@@ -228,8 +226,9 @@ def linear_residual(x_MI, w_NI, r_MN, *, config: TuningConfig | None = None, int
 @functools.partial(jax.jit, static_argnames=("eps", "config", "interpret"))
 def norm_swiglu(x_MI, g_I, w_2FI, *, eps: float, config: TuningConfig | None = None, interpret: bool = False):
     """``silu(n @ w_gate.T) * (n @ w_up.T)`` with ``n = rms_norm(x, g)``, float32 [M, F]; ``w_2FI`` holds the
-    gate rows then the up rows (the model's fused ``w_gate_up``). As in ``layers.norm_swiglu``, the
-    matmul operand is x * g and the 1/rms scales the products."""
+    gate rows then the up rows (the model's fused ``w_gate_up``). As in ``layers.norm_swiglu`` at several rows
+    (since 2026-12-06, benchmarks/NOTES.md item 48), the matmul operand is the normed row rms_norm(x, g), rounded
+    to the weights' dtype."""
     cfg = config or TuningConfig()
     if w_2FI.shape[0] % 2:
         raise ValueError(f"norm_swiglu: w_gate_up must have 2F rows, got {w_2FI.shape}")
@@ -299,7 +298,7 @@ def linear_residual_reference(x_MI, w_NI, r_MN):
 
 
 def norm_swiglu_reference(x_MI, g_I, w_2FI, *, eps: float):
-    gate, up = jnp.split(_lin(g_I * x_MI.astype(jnp.float32), w_2FI) * _inv_rms_reference(x_MI, eps), 2, axis=-1)
+    gate, up = jnp.split(_lin(_norm(x_MI, g_I, eps), w_2FI), 2, axis=-1)
     return jax.nn.silu(gate) * up
 
 

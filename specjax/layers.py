@@ -138,15 +138,20 @@ def swiglu_down(gate_up_BT2F: jax.Array, w_down_DF: jax.Array, compute_dtype: st
 
 def norm_swiglu(x_BTD: jax.Array, w_norm_D: jax.Array, eps: float, w_gate_up_2FD: jax.Array, w_down_DF: jax.Array,
                 compute_dtype: str = "param") -> jax.Array:
-    """``swiglu(rms_norm(x))`` with the norm's 1/rms applied to the gate/up outputs instead of their input
-    (the same value: the matmul is linear). The matmul's input, x * w, then needs no reduction first, so
+    """``swiglu(rms_norm(x))``. At one row the norm's 1/rms is applied to the gate/up outputs instead of their
+    input (the same value: the matmul is linear). The matmul's input, x * w, then needs no reduction first, so
     XLA fuses it into the gate/up kernel: one kernel less per layer at decode (an H100: 30 kernels and
     11.5 us fewer per SmolLM2 step, benchmarks/NOTES.md item 13). In bf16 the operand rounded on the way
-    into the matmul is x * w instead of x * w / rms: the same relative rounding, other bits. At one row
-    (``fold_norm``) the statistic itself comes out of the gate/up reduction (``linear_sumsq``)."""
+    into the matmul is x * w instead of x * w / rms: the same relative rounding, other bits. Where ``fold_norm``
+    holds, the statistic itself comes out of the gate/up reduction (``linear_sumsq``).
+    Several rows (a verify forward, a prefill) take the norm first, as the attention's norm is: XLA then fuses the
+    residual add before it into the norm's kernel (SmolLM2 verify forward at T = 5-8: ~2 % faster than the
+    1/rms after the GEMM, benchmarks/NOTES.md items 41 and 48)."""
     if fold_norm(x_BTD, w_gate_up_2FD, compute_dtype):  # the norm's statistic inside the gate/up reduction
         F = w_gate_up_2FD.shape[0] // 2
         out = linear_sumsq(w_norm_D * x_BTD, w_gate_up_2FD, x_BTD, copies=MLP_SUMSQ_COPIES)
         scale = inv_rms_from_sumsq(out[..., 2 * F:2 * F + 1], x_BTD.shape[-1], eps)
         return swiglu_down(out[..., :2 * F], w_down_DF, compute_dtype, scale)
+    if not one_row(x_BTD):
+        return swiglu(rms_norm(x_BTD, w_norm_D, eps), w_gate_up_2FD, w_down_DF, compute_dtype)
     return swiglu(w_norm_D * x_BTD, w_gate_up_2FD, w_down_DF, compute_dtype, inv_rms(x_BTD, eps))

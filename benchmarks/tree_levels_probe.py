@@ -1,0 +1,75 @@
+"""Probe (CPU): how far the decode kernel's tree levels and the reference attention each are from the float32
+forward, for the draft model of ``tests/test_tree.py::test_gpu_draft_model_tree_levels_kernel_vs_reference``
+(benchmarks/NOTES.md item 48). The kernel runs in the Pallas interpreter (``rope_attention_write(interpret=True)``
+in place of ``pallas_kernels.dispatch``); the reference is ``SPECJAX_ATTENTION=reference``'s path; the float32
+forward has float32 matmul operands (no kernel applies). Prints relative logit distances (Frobenius norm).
+
+    PJRT_NPROC=8 PYTHONPATH=.:tests python3 benchmarks/tree_levels_probe.py [--batch 1,2] [--wrong-bits]
+
+``--wrong-bits``: a broken kernel, each tree row's mask bits shifted by one slot (every node sees its neighbour's
+slots instead of its ancestors'), to show what the test's bound (kernel within 1.25x the reference's distance from
+float32) does with a real masking error.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_kernels import decode_attention, dispatch
+from specjax import attention, config, model
+from specjax.speculative.tree import Tree
+from test_tree import tree_level_logits
+
+TREE = Tree(tuple((r,) for r in range(4)) + tuple((a, b) for a in range(2) for b in range(3))
+            + ((0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 1)))  # the test's tree
+
+
+WRONG_BITS = False
+
+
+def interpreted_kernel(qkv, k, v, cos, sin, start, n_heads, norm=None, tree=None, out_dtype=jnp.float32):
+    """``dispatch.rope_attend_write`` with the kernel in the interpreter (T <= 32 rows, as on the GPU)."""
+    if qkv.shape[1] > 32:
+        return None
+    nd, ne = norm if norm is not None else (0, 0.0)
+    bits = None if tree is None else dispatch.tree_bits(tree[0])
+    if bits is not None and WRONG_BITS:
+        bits = bits << 1
+    extra = {} if tree is None else dict(tree_bits_T=jnp.asarray(bits), tree_offset=int(tree[1]))
+    return decode_attention.rope_attention_write(qkv, k, v, cos, sin, start, n_heads=n_heads, norm_dim=nd,
+                                                 norm_eps=ne, out_dtype=out_dtype, interpret=True, **extra)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", default="1,2")
+    ap.add_argument("--wrong-bits", action="store_true")
+    args = ap.parse_args()
+    global WRONG_BITS
+    WRONG_BITS = args.wrong_bits
+    cfg = config.tiny(d_model=384, n_heads=6, n_kv_heads=2, ffn_dim=512, vocab_size=512)
+    params = model.init_params(cfg, jax.random.key(0), dtype=jnp.bfloat16, scale=0.1)
+    rel = lambda a, b: float(np.linalg.norm(a - b) / np.linalg.norm(b))
+    for B in [int(b) for b in args.batch.split(",")]:
+        prompts = [list(range(3, 40)), list(range(50, 71))][:B]
+        ref = tree_level_logits(params, cfg, prompts, TREE)
+        exact = tree_level_logits(params, dataclasses.replace(cfg, compute_dtype="float32"), prompts, TREE)
+        saved = attention._dispatch
+        attention._dispatch = lambda: types.SimpleNamespace(rope_attend_write=interpreted_kernel,
+                                                           attend=lambda *a, **k: None)
+        try:
+            got = tree_level_logits(params, cfg, prompts, TREE)
+        finally:
+            attention._dispatch = saved
+        print(f"B={B}: kernel vs reference {rel(got, ref):.4f}; kernel vs float32 {rel(got, exact):.4f}; "
+              f"reference vs float32 {rel(ref, exact):.4f}; kernel vs reference per row "
+              f"{[round(rel(got[:, i], ref[:, i]), 4) for i in range(got.shape[1])]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
