@@ -33,7 +33,8 @@
 Results: ``results/verify_cost_probe_H200_2026-11-27{,_ar,_unroll,_reduce,_tiling}.txt`` (benchmarks/NOTES.md items 18-19);
 ``results/verify_cost_probe_H200_2026-12-04_draft.txt`` (the draft model, item 40);
 ``results/verify_cost_probe_H200_2026-12-04_obf16.txt`` (``+o_f32``: the attention's output float32, item 41);
-``results/sibling_probe_H200_2026-12-04.txt`` (``sibling_linear`` / ``variadic_linear``, item 44)."""
+``results/sibling_probe_H200_2026-12-04.txt`` (``sibling_linear`` / ``variadic_linear``, item 44);
+``results/verify_cost_probe_H100_2026-12-06_mlp.txt`` (``+mlp_postscale``, item 48)."""
 from __future__ import annotations
 
 import argparse
@@ -122,15 +123,15 @@ def patched_o_f32(on: bool):
         model.operand_dtype, eagle3.operand_dtype = saved
 
 
+ORIGINAL_NORM_SWIGLU = model.norm_swiglu
+
+
 def postscale_swiglu(x_BTD, w_norm_D, eps, w_gate_up_2FD, w_down_DF, compute_dtype="param"):
     """``layers.norm_swiglu`` before 2026-12-06 (``mlp_postscale``): several rows, too, take the norm's 1/rms after
     the gate/up GEMM (its operand x * w) instead of the norm before it (benchmarks/NOTES.md items 41, 48)."""
     if layers.fold_norm(x_BTD, w_gate_up_2FD, compute_dtype) or layers.one_row(x_BTD):
         return ORIGINAL_NORM_SWIGLU(x_BTD, w_norm_D, eps, w_gate_up_2FD, w_down_DF, compute_dtype)
     return layers.swiglu(w_norm_D * x_BTD, w_gate_up_2FD, w_down_DF, compute_dtype, layers.inv_rms(x_BTD, eps))
-
-
-ORIGINAL_NORM_SWIGLU = model.norm_swiglu
 
 
 @contextlib.contextmanager

@@ -23,7 +23,8 @@ Variants (T > 1 only; a one-row step keeps its folded path, ``layers.fold_norm``
                 ``skinny_gemm_probe.skinny_matmul`` (all weight loads in flight at once) instead of XLA's GEMM;
                 one-row matmuls unchanged (benchmarks/NOTES.md item 46).
 Results: ``results/verify_forward_probe_H200_2026-12-04.txt`` (benchmarks/NOTES.md item 41; its call 1 ran
-``qkv_post`` and ``qkv_knorm`` before o was stored in bf16, against a default that had the convert too).
+``qkv_post`` and ``qkv_knorm`` before o was stored in bf16, against a default that had the convert too);
+``results/verify_forward_probe_H100_2026-12-06_mlp.txt`` (``mlp_postscale``, ``--decode-batch 8``; item 48).
 """
 from __future__ import annotations
 
