@@ -8,8 +8,8 @@
 #    bf16 matmul of 2-64 rows), once each (the probe runs each named variant once; the repeat is ignored).
 # 3. its K=5 cycles of a random draft model and a random EAGLE-3 head, each with and without the kernel.
 # 4. verify_forward_probe.py's trace of the T=5 forward (kernels and GPU time by kind), both forms.
-# Log: $OUT/skinny_gemm_log.txt; this script's run: results/skinny_gemm_H100_2026-12-06_run2_log.txt. The first run (results/skinny_gemm_H100_2026-12-06_log.txt) had one matmul per
-# loop iteration (now 30) and its forward step was cut by its limit while compiling (every call site then lowered
+# Log: $OUT/skinny_gemm_log.txt; this script's run: results/skinny_gemm_H100_2026-12-06_run2_log.txt. The first
+# run (results/skinny_gemm_H100_2026-12-06_log.txt) had one matmul per loop iteration (now 30) and its forward step was cut by its limit while compiling (every call site then lowered
 # the kernel anew; now one shared lowering, skinny_gemm_probe.jitted).
 set -uo pipefail
 source benchmarks/device_lib.sh  # probe_setup, step

@@ -1,7 +1,7 @@
 """Probe (CPU): how far the decode kernel's tree levels and the reference attention each are from the float32
 forward, for the draft model of ``tests/test_tree.py::test_gpu_draft_model_tree_levels_kernel_vs_reference``
-(benchmarks/NOTES.md item 48). The kernel runs in the Pallas interpreter (``rope_attention_write(interpret=True)``
-in place of ``pallas_kernels.dispatch``); the reference is ``SPECJAX_ATTENTION=reference``'s path; the float32
+(benchmarks/NOTES.md item 48). The kernel runs in the Pallas interpreter, reached through the model's own
+dispatch (``interpreted_kernel``); the reference is ``SPECJAX_ATTENTION=reference``'s path; the float32
 forward has float32 matmul operands (no kernel applies). Prints relative logit distances (Frobenius norm).
 
     PJRT_NPROC=8 PYTHONPATH=.:tests python3 benchmarks/tree_levels_probe.py [--batch 1,2] [--wrong-bits]
@@ -13,8 +13,10 @@ float32) does with a real masking error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
-import types
+import functools
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -29,20 +31,22 @@ TREE = Tree(tuple((r,) for r in range(4)) + tuple((a, b) for a in range(2) for b
             + ((0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 1)))  # the test's tree
 
 
-WRONG_BITS = False
-
-
-def interpreted_kernel(qkv, k, v, cos, sin, start, n_heads, norm=None, tree=None, out_dtype=jnp.float32):
-    """``dispatch.rope_attend_write`` with the kernel in the interpreter (T <= 32 rows, as on the GPU)."""
-    if qkv.shape[1] > 32:
-        return None
-    nd, ne = norm if norm is not None else (0, 0.0)
-    bits = None if tree is None else dispatch.tree_bits(tree[0])
-    if bits is not None and WRONG_BITS:
-        bits = bits << 1
-    extra = {} if tree is None else dict(tree_bits_T=jnp.asarray(bits), tree_offset=int(tree[1]))
-    return decode_attention.rope_attention_write(qkv, k, v, cos, sin, start, n_heads=n_heads, norm_dim=nd,
-                                                 norm_eps=ne, out_dtype=out_dtype, interpret=True, **extra)
+@contextlib.contextmanager
+def interpreted_kernel(wrong_bits: bool):
+    """The model's own kernel dispatch (``pallas_kernels.dispatch``) as on Hopper, its decode kernel in the Pallas
+    interpreter; prefill (> 32 rows, FA3's on a GPU) takes the reference attention. ``wrong_bits``: every tree row's
+    mask bits shifted by one slot."""
+    with contextlib.ExitStack() as stack:
+        patch = lambda obj, name, value: stack.enter_context(mock.patch.object(obj, name, value))
+        patch(attention, "_use_kernels", lambda: True)
+        patch(dispatch, "_gpu_backend", lambda: True)
+        patch(dispatch, "attend", lambda *a, **k: None)
+        patch(dispatch, "rope_attention_write", functools.partial(decode_attention.rope_attention_write,
+                                                                  interpret=True))
+        if wrong_bits:
+            tree_bits = dispatch.tree_bits
+            patch(dispatch, "tree_bits", lambda visible_TW: tree_bits(visible_TW) << 1)
+        yield
 
 
 def main():
@@ -50,8 +54,6 @@ def main():
     ap.add_argument("--batch", default="1,2")
     ap.add_argument("--wrong-bits", action="store_true")
     args = ap.parse_args()
-    global WRONG_BITS
-    WRONG_BITS = args.wrong_bits
     cfg = config.tiny(d_model=384, n_heads=6, n_kv_heads=2, ffn_dim=512, vocab_size=512)
     params = model.init_params(cfg, jax.random.key(0), dtype=jnp.bfloat16, scale=0.1)
     rel = lambda a, b: float(np.linalg.norm(a - b) / np.linalg.norm(b))
@@ -59,13 +61,8 @@ def main():
         prompts = [list(range(3, 40)), list(range(50, 71))][:B]
         ref = tree_level_logits(params, cfg, prompts, TREE)
         exact = tree_level_logits(params, dataclasses.replace(cfg, compute_dtype="float32"), prompts, TREE)
-        saved = attention._dispatch
-        attention._dispatch = lambda: types.SimpleNamespace(rope_attend_write=interpreted_kernel,
-                                                           attend=lambda *a, **k: None)
-        try:
+        with interpreted_kernel(args.wrong_bits):
             got = tree_level_logits(params, cfg, prompts, TREE)
-        finally:
-            attention._dispatch = saved
         print(f"B={B}: kernel vs reference {rel(got, ref):.4f}; kernel vs float32 {rel(got, exact):.4f}; "
               f"reference vs float32 {rel(ref, exact):.4f}; kernel vs reference per row "
               f"{[round(rel(got[:, i], ref[:, i]), 4) for i in range(got.shape[1])]}", flush=True)
