@@ -10,8 +10,9 @@
 #      and the artifacts exported so far, bundled: a stage cut by --time-budget exports too, and a machine lost
 #      before train2 loses its checkpoint; NOTES item 40)
 #   3. train2 (carry .whl): the rest of the stages named in ONLY; bundle the artifacts to $OUT
-#   (train1 / train2: INIT_EAGLE3=shipped fine-tunes the shipped EAGLE-3 head instead of a random start, CORPUS_SEED=N
-#   builds a corpus of another seed: new Magpie queries and samples; both must be the same in train1 and train2;
+#   (train1 / train2: INIT_EAGLE3=shipped fine-tunes the shipped EAGLE-3 head instead of a random start, INIT_DRAFT=shipped
+#   the shipped draft model (its draft vocabulary exported with it) instead of the truncated target, CORPUS_SEED=N
+#   builds a corpus of another seed: new Magpie queries and samples; all three must be the same in train1 and train2;
 #   TEACHER_CACHE=1 distills the draft model from the target's hidden states computed once: --teacher-cache)
 #   A corpus made on one machine can train on another: CORPUS_OUT=1 returns its finished pieces (training/parts.py)
 #   as corpus.tar.part*; carried back in .carry/corpus/, train1 resumes the corpus from them.
@@ -47,13 +48,13 @@ case "$1" in
   train1)
     install_whl; stage_gguf
     timeout "${2:-585}" python3 -m training.train_smollm2 --preset ${PRESET:-h100} --out /root/train --only $ONLY --time-budget ${BUDGET:-540} ${STEPS:+--steps $STEPS} \
-      ${INIT_EAGLE3:+--init-eagle3 $INIT_EAGLE3} ${CORPUS_SEED:+--corpus-seed $CORPUS_SEED} ${TEACHER_CACHE:+--teacher-cache} --bundle $OUT 2>&1 | tr '\r' '\n' | grep -v "it/s]$" | tee $OUT/train1.log | tail -40 \
+      ${INIT_EAGLE3:+--init-eagle3 $INIT_EAGLE3} ${INIT_DRAFT:+--init-draft $INIT_DRAFT} ${CORPUS_SEED:+--corpus-seed $CORPUS_SEED} ${TEACHER_CACHE:+--teacher-cache} --bundle $OUT 2>&1 | tr '\r' '\n' | grep -v "it/s]$" | tee $OUT/train1.log | tail -40 \
       || echo "train1: exit status $? (124: the time limit)"  # the corpus pieces still go back
     corpus_out ;;
   train2)
     install_whl
     timeout "${2:-585}" python3 -m training.train_smollm2 --preset ${PRESET:-h100} --out /root/train --time-budget ${BUDGET:-540} \
-      --only $ONLY ${STEPS:+--steps $STEPS} ${INIT_EAGLE3:+--init-eagle3 $INIT_EAGLE3} ${CORPUS_SEED:+--corpus-seed $CORPUS_SEED} ${TEACHER_CACHE:+--teacher-cache} \
+      --only $ONLY ${STEPS:+--steps $STEPS} ${INIT_EAGLE3:+--init-eagle3 $INIT_EAGLE3} ${INIT_DRAFT:+--init-draft $INIT_DRAFT} ${CORPUS_SEED:+--corpus-seed $CORPUS_SEED} ${TEACHER_CACHE:+--teacher-cache} \
       --bundle $OUT 2>&1 | tr '\r' '\n' | grep -v "it/s]$" | tee $OUT/train2.log | tail -40 \
       || echo "train2: exit status $? (124: the time limit)"  # the corpus pieces still go back
     corpus_out ;;

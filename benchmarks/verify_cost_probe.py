@@ -11,7 +11,8 @@
    (``xla_gpu_exhaustive_tiling_search=True``: the autotuner tries every Triton GEMM tiling); ``reduce_linear`` (every matmul of <= 16 rows
    traced as a multiply + reduction, the form XLA gives a one-row product, in place of a GEMM); ``sibling_linear`` /
    ``variadic_linear`` (2..16 rows: each row its own one-row reduction over the shared weight, as T sibling reductions
-   or as one variadic reduce; benchmarks/NOTES.md item 44); ``mgpu_linear`` (2..64 rows through
+   or as one variadic reduce; benchmarks/NOTES.md item 44; ``variadic2``: the variadic reduce at exactly 2 rows only,
+   i.e. the draft model's first step of a cycle; item 50: slower); ``mgpu_linear`` (2..64 rows through
    ``skinny_gemm_probe.skinny_matmul``, a Mosaic GPU kernel with every weight load in flight; item 46).
 2. ``cycle`` ms of ``speculative_generate`` with a random EAGLE-3 head (12288-token draft vocabulary):
    it accepts ~nothing; ms/cycle = the difference of a 256- and a 64-token run over the difference of their
@@ -34,7 +35,8 @@ Results: ``results/verify_cost_probe_H200_2026-11-27{,_ar,_unroll,_reduce,_tilin
 ``results/verify_cost_probe_H200_2026-12-04_draft.txt`` (the draft model, item 40);
 ``results/verify_cost_probe_H200_2026-12-04_obf16.txt`` (``+o_f32``: the attention's output float32, item 41);
 ``results/sibling_probe_H200_2026-12-04.txt`` (``sibling_linear`` / ``variadic_linear``, item 44);
-``results/verify_cost_probe_H100_2026-12-06_mlp.txt`` (``+mlp_postscale``, item 48)."""
+``results/verify_cost_probe_H100_2026-12-06_mlp.txt`` (``+mlp_postscale``, item 48);
+``results/verify_cost_probe_H100_2026-12-06_variadic2.txt`` (``+variadic2``, item 50)."""
 from __future__ import annotations
 
 import argparse
@@ -60,7 +62,7 @@ from specjax.speculative.drafters.ngram import NGram
 
 gen = importlib.import_module("specjax.generate")  # the module (the package exports a function of that name)
 VARIANTS = {"default": None, "triton_gemm_off": {"xla_gpu_enable_triton_gemm": False}, "reduce_linear": None,
-            "sibling_linear": None, "variadic_linear": None, "mgpu_linear": None,
+            "sibling_linear": None, "variadic_linear": None, "variadic2": None, "mgpu_linear": None,
             "exhaustive_tiling": {"xla_gpu_exhaustive_tiling_search": True}}
 
 
@@ -105,9 +107,18 @@ def variadic_linear(x_BTI, w_OI, compute_dtype="param"):
     return jnp.stack(outs).reshape(x_BTI.shape[:-1] + (w_OI.shape[0],))
 
 
+def variadic2_linear(x_BTI, w_OI, compute_dtype="param"):
+    """``variadic_linear`` at exactly 2 rows, ``layers.linear`` otherwise: in a draft-model cycle only the draft
+    model's first step (``[prev, last]``) has 2 rows, and item 44 measured the variadic form 14 % faster than XLA's
+    GEMMs at T=2 (slower from T=3 on)."""
+    if x_BTI.size // x_BTI.shape[-1] != 2:
+        return ORIGINAL_LINEAR(x_BTI, w_OI, compute_dtype)
+    return variadic_linear(x_BTI, w_OI, compute_dtype)
+
+
 ORIGINAL_LINEAR = layers.linear
 LINEARS = {"reduce_linear": reduce_linear, "sibling_linear": sibling_linear, "variadic_linear": variadic_linear,
-           "mgpu_linear": skinny_gemm_probe.routed_linear(ORIGINAL_LINEAR)}
+           "variadic2": variadic2_linear, "mgpu_linear": skinny_gemm_probe.routed_linear(ORIGINAL_LINEAR)}
 
 
 @contextlib.contextmanager

@@ -181,6 +181,53 @@ def test_eagle3_fine_tunes_from_an_exported_head(target, dataset, tmp_path):
         recipes.train_eagle3(tp, cfg, dataset, tc, draft_vocab_size=32, ttt_steps=3, init=init)
 
 
+def test_draft_model_fine_tunes_from_an_exported_model(target, dataset, tmp_path):
+    """``train_draft(init=...)`` (``--init`` / ``--init-draft``) starts from a saved draft model: with lr 0 (1e-12)
+    the result is that model; a few steps from it lower its loss; another depth or a cut LM head is refused."""
+    from specjax.heads import draft_io
+    cfg, tp = target
+    tc = TrainConfig(steps=6, batch_size=6, lr=3e-3, warmup_steps=2, progress=False)
+    dcfg, full, _ = recipes.train_draft(tp, cfg, dataset, tc, n_layers=2)
+    draft_io.save_draft_model(tmp_path / "d", full, dcfg, shared_embedding=True, vocab_ids=np.arange(0, 256, 2))
+    init = draft_io.load_draft_model(tmp_path / "d", tp, jnp.float32, full_vocab=True)
+    _, same, _ = recipes.train_draft(tp, cfg, dataset, dataclasses.replace(tc, lr=1e-12), n_layers=2, init=init)
+    for k in ("layers", "final_norm"):
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-9),
+                     same[k], init[1][k])
+    _, p2, _ = recipes.train_draft(tp, cfg, dataset, tc, n_layers=2, init=init)
+    fn = functools.partial(losses.distill_loss, cfg=dcfg, target_cfg=cfg)
+    frozen = {"target": tp, "shared": recipes.shared_of(tp, cfg)}
+    batch = {k: jnp.asarray(v) for k, v in dataset.batch(0, 12, seed=1).items()}
+    trained = lambda p: {k: p[k] for k in ("layers", "final_norm")}  # noqa: E731
+    assert _eval_loss(fn, trained(p2), frozen, batch) < _eval_loss(fn, trained(same), frozen, batch)
+    with pytest.raises(ValueError, match="has 2 layers"):
+        recipes.train_draft(tp, cfg, dataset, tc, n_layers=1, init=init)
+    with pytest.raises(ValueError, match="a cut LM head"):
+        recipes.train_draft(tp, cfg, dataset, tc, n_layers=2, init=draft_io.load_draft_model(tmp_path / "d", tp))
+
+
+def test_train_smollm2_fine_tunes_the_draft_model(target, dataset, tmp_path):
+    """``--init-draft FOLDER``: the draft stage starts from that model, its record and card say so, and its draft
+    vocabulary is exported with the result (so the fine-tune decodes over the same cut head)."""
+    from specjax.heads import draft_io
+    from training import train_smollm2
+    cfg, tp = target
+    tc = TrainConfig(steps=2, batch_size=4, lr=3e-3, warmup_steps=1, progress=False)
+    dcfg, full, _ = recipes.train_draft(tp, cfg, dataset, tc, n_layers=2)
+    ids = np.arange(1, 256, 3)
+    draft_io.save_draft_model(tmp_path / "d", full, dcfg, shared_embedding=True, vocab_ids=ids)
+    argv = ["--preset", "cpu-tiny", "--out", str(tmp_path / "run"), "--only", "draft", "--init-draft", str(tmp_path / "d")]
+    assert train_smollm2.main(argv) == 0
+    rec = json.loads((tmp_path / "run" / "results.json").read_text())["artifacts"]["draft"]
+    sha = hashlib.sha256((tmp_path / "d" / "model.safetensors").read_bytes()).hexdigest()
+    assert rec["init_from"] == str((tmp_path / "d").resolve()) and rec["init_sha256"] == sha
+    assert rec["tau"]["greedy_equals_ar"] is True
+    export = tmp_path / "run" / "export" / "draft"
+    assert f"Fine-tuned from the model in `{(tmp_path / 'd').resolve()}` (model.safetensors sha256 {sha};" in (
+        export / "CARD.md").read_text()
+    np.testing.assert_array_equal(draft_io.draft_vocab_of(export), ids)
+
+
 def _medusa_run(target, dataset, ckpt_dir, **kw):
     cfg, tp = target
     mcfg = medusa.MedusaConfig(cfg, num_heads=2)
@@ -652,3 +699,18 @@ def test_specjax_train_cli_trains_and_exports(tmp_path):
     mcfg, params = medusa_io.load_medusa(tmp_path / "run" / "export" / "medusa", tiny.target_config())
     assert mcfg.num_heads == 2 and params["w_KNDD"].shape == (2, 1, 64, 64)
     assert (tmp_path / "run" / "corpus" / "manifest.json").is_file()
+    # a draft model fine-tuned from a saved one (same corpus settings: the corpus is reused), its vocabulary kept
+    from specjax.heads import draft_io
+    from specjax.loading import load_model
+    cfg, tp = tiny.target()
+    dcfg, dp = recipes.init_draft(tp, cfg, 1)
+    draft_io.save_draft_model(tmp_path / "d", {**recipes.shared_of(tp, cfg), **dp}, dcfg, shared_embedding=True,
+                              vocab_ids=np.arange(0, 256, 4))
+    args[0], args[args.index("--num-heads")] = "draft", "--layers"
+    args[args.index("--layers") + 1] = "1"
+    assert cli.main(args + ["--init", str(tmp_path / "d")]) == 0
+    out_cfg, out_params = draft_io.load_draft_model(tmp_path / "run" / "export" / "draft")
+    assert out_cfg.n_layers == 1 and out_params["vocab_ids"].shape == (64,)
+    assert load_model(tmp_path / "run" / "export" / "draft")[0].n_layers == 1  # still an ordinary checkpoint
+    with pytest.raises(ValueError, match="fine-tunes an EAGLE-3 head or a draft model"):
+        cli.main(["medusa", "--out", str(tmp_path / "x"), "--init", str(tmp_path / "d")])

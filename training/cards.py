@@ -95,8 +95,8 @@ def card(kind: str, rec: dict, results: dict) -> str:
         f"texts, checked={ov.get('checked')}): dropped {ov.get('dropped_prompts')} prompts, "
         f"{ov.get('dropped_examples')} examples.", "",
         "## Training",
-        (f"Fine-tuned from the head in `{rec['init_from']}` ({_init_sha(rec)}its weights and draft "
-         "vocabulary; a fresh optimizer). "
+        (f"Fine-tuned from the {'model' if kind == 'draft' else 'head'} in `{rec['init_from']}` "
+         f"({_init_sha(rec)}its weights and draft vocabulary; a fresh optimizer). "
          if rec.get("init_from") else "") +
         ("The target's logits came from its final hidden states, computed once over the corpus and kept on the "
          "device (`--teacher-cache`, training/teacher_cache.py). "

@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ttt-steps", type=int, default=7, help="eagle3: unrolled training-time-test steps")
     g.add_argument("--init", default=None,
                    help="eagle3: fine-tune this exported head folder (its weights and draft vocabulary) instead of "
-                        "random weights; --draft-vocab must match it")
+                        "random weights; --draft-vocab must match it. draft: fine-tune this draft model folder "
+                        "(--layers must match it; its draft_vocab.safetensors, if any, is exported with it)")
     g.add_argument("--draft-vocab", type=int, default=8192, help="eagle3: draft vocabulary size")
     g.add_argument("--num-heads", type=int, default=4, help="medusa: heads")
     g.add_argument("--own-lm-head", action="store_true", help="medusa: one LM head per head instead of the target's")
@@ -61,8 +62,8 @@ def train_main(args: argparse.Namespace) -> int:
     from specjax.pipeline import load
     if args.steps <= 0 or args.batch_size <= 0:
         raise ValueError(f"--steps and --batch-size must be positive, got {args.steps} and {args.batch_size}")
-    if args.init is not None and args.kind != "eagle3":
-        raise ValueError(f"--init fine-tunes an EAGLE-3 head; got kind {args.kind!r}")
+    if args.init is not None and args.kind == "medusa":
+        raise ValueError("--init fine-tunes an EAGLE-3 head or a draft model; got kind 'medusa'")
     if args.teacher_cache and args.kind != "draft":
         raise ValueError(f"--teacher-cache applies to the draft model's distillation; got kind {args.kind!r}")
     out = Path(args.out).expanduser()
@@ -86,8 +87,11 @@ def train_main(args: argparse.Namespace) -> int:
         mcfg, params, _ = recipes.train_medusa(tp, cfg, ds, tc, num_heads=args.num_heads, own_lm_head=args.own_lm_head)
         medusa_io.save_medusa(export, bf16(params), mcfg, base_model=str(args.model))
     else:
-        dcfg, params, _ = recipes.train_draft(tp, cfg, ds, tc, n_layers=args.layers, cache_teacher=args.teacher_cache)
-        draft_io.save_draft_model(export, bf16(params), dcfg, shared_embedding=False)
+        init = None if args.init is None else draft_io.load_draft_model(args.init, tp, full_vocab=True)
+        dcfg, params, _ = recipes.train_draft(tp, cfg, ds, tc, n_layers=args.layers, cache_teacher=args.teacher_cache,
+                                              init=init)
+        draft_io.save_draft_model(export, bf16(params), dcfg, shared_embedding=False,
+                                  vocab_ids=None if args.init is None else draft_io.draft_vocab_of(args.init))
     print(f"wrote {export}")
     return 0
 

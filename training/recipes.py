@@ -75,12 +75,26 @@ def init_draft(tp: dict, cfg: ModelConfig, n_layers: int) -> tuple[ModelConfig, 
 
 
 def train_draft(tp: dict, cfg: ModelConfig, ds: data.TokenDataset, tc: TrainConfig, *, n_layers: int = 2,
-                heldout: data.TokenDataset | None = None, cache_teacher: bool = False):
+                heldout: data.TokenDataset | None = None, cache_teacher: bool = False, init: tuple | None = None):
     """-> (draft ModelConfig, full draft params incl. the shared embedding, TrainResult).
     ``cache_teacher``: run the target over ``ds`` once (``teacher_cache.build``, held on the device) and
     take its logits from those hidden states in every step instead of a forward of the target; the
-    held-out rows still run the target. Its build time counts against ``tc.max_seconds``."""
-    dcfg, params = init_draft(tp, cfg, n_layers)
+    held-out rows still run the target. Its build time counts against ``tc.max_seconds``.
+    ``init``: ``(ModelConfig, params)`` of a trained draft model (``draft_io.load_draft_model(...,
+    full_vocab=True)``) to fine-tune instead of the truncated target: its layers and final norm become the
+    float32 master weights (``n_layers`` must equal its depth); the optimizer starts afresh."""
+    if init is None:
+        dcfg, params = init_draft(tp, cfg, n_layers)
+    else:
+        icfg, iparams = init
+        shape = lambda c: (c.vocab_size, c.d_model)  # noqa: E731
+        if icfg.n_layers != n_layers or shape(icfg) != shape(cfg) or "vocab_ids" in iparams:
+            raise ValueError(f"the draft model to fine-tune has {icfg.n_layers} layers over (vocab, width) "
+                             f"{shape(icfg)}{' and a cut LM head' if 'vocab_ids' in iparams else ''}; expected "
+                             f"{n_layers} layers over {shape(cfg)} with the full head: pass n_layers={icfg.n_layers} "
+                             "and load it with full_vocab=True")
+        dcfg = cfg.replace(n_layers=n_layers)  # this target's numerics
+        params = {k: jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), iparams[k]) for k in ("layers", "final_norm")}
     shared = shared_of(tp, cfg)
     loss = functools.partial(losses.distill_loss, cfg=dcfg, target_cfg=cfg)
     frozen = {"target": tp, "shared": shared}

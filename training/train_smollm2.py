@@ -19,7 +19,9 @@ were made that way: the EAGLE-3 head on two H200s with ``--preset large --steps 
 ``--preset h100`` (train_heads2_H200_2026-11-26.*), the draft model on one H200 with ``--preset large --only draft
 --steps 22000 --teacher-cache`` in two calls (train_draftcache22k_H200_2026-12-04.*). The corpus and the
 training use every local device (``training/pool.py``, ``TrainConfig.devices``); ``--preset large`` is sized for two
-GPUs (benchmarks/NOTES.md items 29 and 31). ``--steps N`` overrides every stage's step count.
+GPUs (benchmarks/NOTES.md items 29 and 31). ``--steps N`` overrides every stage's step count. ``--init-eagle3`` /
+``--init-draft FOLDER`` (or ``shipped``) fine-tune that EAGLE-3 head / draft model instead of starting afresh, its
+draft vocabulary kept.
 """
 
 from __future__ import annotations
@@ -91,20 +93,21 @@ def eval_sets(preset: Preset, tok, cfg) -> tuple[dict, str]:
 
 
 def train_and_export(kind: str, preset: Preset, tp: dict, cfg, ds, out: Path, seconds_left: float | None = None,
-                     heldout=None, init_eagle3: str | None = None):
+                     heldout=None, init: str | None = None):
     """Train one artifact, write it (bf16) to ``out/export/<kind>`` and load it back from there in the
     target's dtype, so tau is measured on the files. -> (drafter, draft_params, TrainResult, TrainConfig).
     ``seconds_left`` tightens the stage's wall-clock cap (it stops with a checkpoint; a rerun resumes).
-    ``init_eagle3``: an EAGLE-3 head folder (``eagle3_io``) to fine-tune instead of a random start."""
+    ``init``: for ``eagle3`` a head folder (``eagle3_io``), for ``draft`` a draft model folder (``draft_io``) to
+    fine-tune instead of the usual start; a draft model keeps its draft vocabulary (``draft_vocab.safetensors``)."""
     folder, dtype, bf16 = out / "export" / kind, tp["embed"].dtype, lambda t: jax.tree.map(
         lambda x: x.astype(jnp.bfloat16), t)
     tc = dataclasses.replace(getattr(preset, kind.split("-")[0]), ckpt_dir=str(out / "ckpt" / kind))
     if seconds_left is not None:
         tc = dataclasses.replace(tc, max_seconds=min(tc.max_seconds or seconds_left, seconds_left))
     if kind == "eagle3":
-        init = None if init_eagle3 is None else eagle3_io.load_eagle3(init_eagle3, target=cfg)
+        start = None if init is None else eagle3_io.load_eagle3(init, target=cfg)
         ecfg, params, ids, res = recipes.train_eagle3(tp, cfg, ds, tc, draft_vocab_size=preset.draft_vocab,
-                                                      ttt_steps=preset.ttt_steps, heldout=heldout, init=init)
+                                                      ttt_steps=preset.ttt_steps, heldout=heldout, init=start)
         eagle3_io.save_eagle3(folder, bf16(params), ecfg, ids)
         _, params, ids = eagle3_io.load_eagle3(folder, target=cfg, dtype=dtype)
         return Eagle3(ecfg), {"params": params, "draft_ids": ids}, res, tc
@@ -113,10 +116,14 @@ def train_and_export(kind: str, preset: Preset, tp: dict, cfg, ds, out: Path, se
                                                  own_lm_head=kind == "medusa-own", heldout=heldout)
         medusa_io.save_medusa(folder, bf16(params), mcfg, base_model=HF_ID)
         return Medusa(mcfg), medusa_io.load_medusa(folder, cfg, dtype=dtype)[1], res, tc
+    start = None if init is None else draft_io.load_draft_model(init, tp, full_vocab=True)
     dcfg, params, res = recipes.train_draft(tp, cfg, ds, tc, n_layers=preset.draft_layers, heldout=heldout,
-                                            cache_teacher=preset.draft_teacher_cache)
+                                            cache_teacher=preset.draft_teacher_cache, init=start)
+    ids = None if init is None else draft_io.draft_vocab_of(init)
+    if ids is None:  # an earlier fine-tune's draft vocabulary would cut this model's head
+        (folder / draft_io.VOCAB_FILE).unlink(missing_ok=True)
     draft_io.save_draft_model(out / "export" / "draft-hf", bf16(params), dcfg, shared_embedding=False)
-    draft_io.save_draft_model(folder, bf16(params), dcfg, shared_embedding=True)
+    draft_io.save_draft_model(folder, bf16(params), dcfg, shared_embedding=True, vocab_ids=ids)
     return DraftModel(dcfg), draft_io.load_draft_model(folder, tp, dtype)[1], res, tc
 
 
@@ -131,8 +138,9 @@ def continued_record(prev: dict | None, res, train_s: float) -> dict:
 
 
 def init_record(folder: str) -> dict:
-    """Which head a fine-tune started from: its folder (repo-relative when shipped, since a shipped head is
-    replaced by its fine-tune) and the sha256 of its weights, which name it after the folder has changed."""
+    """Which head or draft model a fine-tune started from: its folder (repo-relative when shipped, since a shipped
+    artifact is replaced by its fine-tune) and the sha256 of its weights (``model.safetensors`` in a head's folder
+    and in a draft model's alike), which name it after the folder has changed."""
     path = Path(folder).resolve()
     shown = (Path("specjax/shipped") / path.relative_to(shipped.ROOT.resolve())
              if path.is_relative_to(shipped.ROOT.resolve()) else path)
@@ -144,8 +152,10 @@ EVAL_RESERVE_S = 75  # export + tau check of one stage, kept free inside --time-
 
 
 def run(preset: Preset, out: Path, *, ship: bool, model_path: str | None = None, only=SHIPPED_KINDS,
-        time_budget: float | None = None, init_eagle3: str | None = None, command: str | None = None):
-    """``command``: the invocation, recorded with each artifact it trains (runs merge into one results.json)."""
+        time_budget: float | None = None, init_eagle3: str | None = None, init_draft: str | None = None,
+        command: str | None = None):
+    """``command``: the invocation, recorded with each artifact it trains (runs merge into one results.json).
+    ``init_eagle3`` / ``init_draft``: folders whose EAGLE-3 head / draft model that stage fine-tunes."""
     t_start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     if jax.default_backend() != "cpu":  # a rerun after a timeout (same warm machine) skips recompiling
@@ -169,8 +179,8 @@ def run(preset: Preset, out: Path, *, ship: bool, model_path: str | None = None,
             log(f"{kind}: skipped, {left + EVAL_RESERVE_S:.0f}s of --time-budget left (rerun to continue)")
             continue
         log(f"{kind}: training")
-        drafter, dp, res, tc = train_and_export(kind, preset, tp, cfg, ds, out, left, heldout,
-                                                init_eagle3 if kind == "eagle3" else None)
+        init = {"eagle3": init_eagle3, "draft": init_draft}.get(kind)
+        drafter, dp, res, tc = train_and_export(kind, preset, tp, cfg, ds, out, left, heldout, init)
         log(f"{kind}: held-out corpus rows ({res.heldout['rows']}): loss {res.heldout['loss']:.3f}, acc "
             + " ".join(f"{a:.2f}" for a in res.heldout["acc_k"]))
         train_s = time.perf_counter() - t0
@@ -184,8 +194,8 @@ def run(preset: Preset, out: Path, *, ship: bool, model_path: str | None = None,
                "final": res.history[-1] if res.history else None, "heldout": res.heldout,
                "history": res.history[:: max(1, len(res.history) // 50)], "tau": tau, "num_draft": kd,
                "size_bytes": sum(f.stat().st_size for f in folder.iterdir()), "command": command}
-        if kind == "eagle3" and init_eagle3 is not None:
-            rec |= init_record(init_eagle3)
+        if init is not None:
+            rec |= init_record(init)
         rec |= continued_record(earlier.get(kind), res, train_s)
         results["artifacts"][kind] = rec
         atomic_write_text(folder / "CARD.md", cards.card(kind, rec, results))
@@ -221,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--init-eagle3", default=None,
                    help="fine-tune this EAGLE-3 head folder (e.g. specjax/shipped/.../eagle3; 'shipped': the shipped "
                         "head) instead of starting from random weights; its draft vocabulary is kept")
+    p.add_argument("--init-draft", default=None,
+                   help="fine-tune this draft model folder ('shipped': the shipped model) instead of starting from the "
+                        "truncated target; its draft vocabulary (draft_vocab.safetensors) is exported with it")
     p.add_argument("--teacher-cache", action="store_true",
                    help="draft: run the target over the corpus once and distill from its cached hidden states "
                         "(training/teacher_cache.py; ~1.2 KB of device memory per trained-on token at SmolLM2's width)")
@@ -231,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.corpus_seed is not None:
         preset = dataclasses.replace(preset, corpus=dataclasses.replace(preset.corpus, seed=args.corpus_seed))
     init_eagle3 = str(shipped.path(MODEL, "eagle3")) if args.init_eagle3 == "shipped" else args.init_eagle3
+    init_draft = str(shipped.path(MODEL, "draft")) if args.init_draft == "shipped" else args.init_draft
     if args.steps is not None:
         if args.steps < 1:
             p.error(f"--steps takes a positive step count; got {args.steps}")
@@ -247,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).expanduser() if args.out else assets.home() / "train" / args.preset
     command = shlex.join(["python3", "-m", "training.train_smollm2", *(sys.argv[1:] if argv is None else argv)])
     run(preset, out, ship=args.ship, model_path=args.model, only=only, time_budget=args.time_budget,
-        init_eagle3=init_eagle3, command=command)
+        init_eagle3=init_eagle3, init_draft=init_draft, command=command)
     if args.bundle:
         cards.bundle(out / "export", [k for k in only if k in SHIPPED_KINDS], Path(args.bundle))
     return 0

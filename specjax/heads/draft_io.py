@@ -64,6 +64,17 @@ def save_draft_vocab(folder: str | os.PathLike, vocab_ids) -> Path:
     return folder / VOCAB_FILE
 
 
+def draft_vocab_of(folder: str | os.PathLike):
+    """The token ids of ``folder``'s ``draft_vocab.safetensors`` (int32 [N]), or None when it has none."""
+    path = Path(folder) / VOCAB_FILE
+    if not path.is_file():
+        return None
+    try:
+        return load_file(path)["vocab_ids"]
+    except Exception as e:
+        raise CheckpointError(f"reading {path} failed (expected a tensor 'vocab_ids' of token ids): {e}") from e
+
+
 def load_draft_model(folder: str | os.PathLike, target_params: dict | None = None, dtype=None, *,
                      full_vocab: bool = False) -> tuple[ModelConfig, dict]:
     """``(cfg, params)``; a slim folder takes its embedding (and untied LM head) from ``target_params``. With a
@@ -71,13 +82,9 @@ def load_draft_model(folder: str | os.PathLike, target_params: dict | None = Non
     from specjax.speculative.drafters.draft_model import restrict_vocab
     folder = Path(folder)
     cfg, params = _load(folder, target_params, dtype)
-    if full_vocab or not (folder / VOCAB_FILE).is_file():
+    ids = None if full_vocab else draft_vocab_of(folder)
+    if ids is None:
         return cfg, params
-    try:
-        ids = load_file(folder / VOCAB_FILE)["vocab_ids"]
-    except Exception as e:
-        raise CheckpointError(f"reading {folder}/{VOCAB_FILE} failed (expected a tensor 'vocab_ids' of token ids): "
-                              f"{e}") from e
     try:
         return restrict_vocab(cfg, params, ids)
     except ValueError as e:
