@@ -5,7 +5,9 @@
 # and B when the working tree is ~12 MB (the shipped safetensors moved out of it for those two calls; session 16).
 # A bench of the shipped drafters: three 33 MB parts, the tree at ~12 MB (EAGLE-3 / draft safetensors and the SmolLM2
 # logit fixtures moved out; the bench call carries them back in .carry/; NOTES item 40's bench runbook).
-#   1. stage NN (carry .carry/pNN), NN = 00..07 (or A): copy that part outside the repo (/root/stage)
+#   1. stage NN (carry .carry/pNN), NN = 00..07 (or A): copy that part outside the repo (/root/stage); a stage call may
+#      also carry .carry/e and/or .carry/d (the shipped EAGLE-3 / draft model.safetensors moved out of the tree), kept
+#      on the machine and put back by every later call (restore_shipped)
 #   2. train1 (carry .carry/p08 (or .carry/pB) .carry/b .whl): join and check the GGUF, corpus + EAGLE-3  (logs to $OUT;
 #      and the artifacts exported so far, bundled: a stage cut by --time-budget exports too, and a machine lost
 #      before train2 loses its checkpoint; NOTES item 40)
@@ -37,6 +39,20 @@ stage_gguf() {
   if [ -d .carry/corpus ] && [ ! -d /root/train/corpus/parts ]; then  # pieces of a corpus begun on another machine
     mkdir -p /root/train/corpus && cat .carry/corpus/corpus.tar.part* | tar xf - -C /root/train/corpus; fi
 }
+# The shipped EAGLE-3 / draft weights, when moved out of the working tree to make room for the GGUF's parts: a call that
+# carries .carry/e or .carry/d (each holding that model.safetensors) keeps a copy in /root/shipped, and every call
+# puts the kept copies back into specjax/shipped/ where the tree lacks them (INIT_DRAFT=shipped reads the draft model
+# there in train1 and train2; bench measures them).
+restore_shipped() {
+  local kind short
+  for kind in eagle3 draft; do
+    short=${kind:0:1}
+    if [ -f .carry/$short/model.safetensors ]; then
+      mkdir -p /root/shipped/$kind && cp .carry/$short/model.safetensors /root/shipped/$kind/; fi
+    if [ -f /root/shipped/$kind/model.safetensors ] && [ ! -f specjax/shipped/smollm2-135m-instruct/$kind/model.safetensors ]; then
+      cp /root/shipped/$kind/model.safetensors specjax/shipped/smollm2-135m-instruct/$kind/; fi
+  done
+}
 corpus_out() {
   [ -n "${CORPUS_OUT:-}" ] && [ -d /root/train/corpus/parts ] || return 0
   tar cf - -C /root/train/corpus parts | split -b 15000000 -d -a 1 - $OUT/corpus.tar.part; ls -l $OUT
@@ -44,22 +60,22 @@ corpus_out() {
 ONLY=${ONLY:-eagle3}
 case "$1" in
   stage)
-    stage_part $2 ;;
+    stage_part $2; restore_shipped ;;
   train1)
-    install_whl; stage_gguf
+    install_whl; stage_gguf; restore_shipped
     timeout "${2:-585}" python3 -m training.train_smollm2 --preset ${PRESET:-h100} --out /root/train --only $ONLY --time-budget ${BUDGET:-540} ${STEPS:+--steps $STEPS} \
       ${INIT_EAGLE3:+--init-eagle3 $INIT_EAGLE3} ${INIT_DRAFT:+--init-draft $INIT_DRAFT} ${CORPUS_SEED:+--corpus-seed $CORPUS_SEED} ${TEACHER_CACHE:+--teacher-cache} --bundle $OUT 2>&1 | tr '\r' '\n' | grep -v "it/s]$" | tee $OUT/train1.log | tail -40 \
       || echo "train1: exit status $? (124: the time limit)"  # the corpus pieces still go back
     corpus_out ;;
   train2)
-    install_whl
+    install_whl; restore_shipped
     timeout "${2:-585}" python3 -m training.train_smollm2 --preset ${PRESET:-h100} --out /root/train --time-budget ${BUDGET:-540} \
       --only $ONLY ${STEPS:+--steps $STEPS} ${INIT_EAGLE3:+--init-eagle3 $INIT_EAGLE3} ${INIT_DRAFT:+--init-draft $INIT_DRAFT} ${CORPUS_SEED:+--corpus-seed $CORPUS_SEED} ${TEACHER_CACHE:+--teacher-cache} \
       --bundle $OUT 2>&1 | tr '\r' '\n' | grep -v "it/s]$" | tee $OUT/train2.log | tail -40 \
       || echo "train2: exit status $? (124: the time limit)"  # the corpus pieces still go back
     corpus_out ;;
   bench)
-    install_whl; stage_gguf
+    install_whl; stage_gguf; restore_shipped
     for k in eagle3 medusa draft; do [ -z "${NEW_HEAD:-}" ] && [ -d /root/train/export/$k ] || continue  # else the shipped one
       rm -rf specjax/shipped/smollm2-135m-instruct/$k; cp -r /root/train/export/$k specjax/shipped/smollm2-135m-instruct/$k; done
     G=$SPECJAX_HOME/models/smollm2-135m-instruct.gguf
