@@ -18,17 +18,11 @@ import dataclasses
 import functools
 from unittest import mock
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels import decode_attention, dispatch
-from specjax import attention, config, model
-from specjax.speculative.tree import Tree
-from test_tree import tree_level_logits
-
-TREE = Tree(tuple((r,) for r in range(4)) + tuple((a, b) for a in range(2) for b in range(3))
-            + ((0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 1)))  # the test's tree
+from specjax import attention
+from test_tree import LEVELS_TREE, tree_level_logits, tree_levels_case
 
 
 @contextlib.contextmanager
@@ -54,15 +48,13 @@ def main():
     ap.add_argument("--batch", default="1,2")
     ap.add_argument("--wrong-bits", action="store_true")
     args = ap.parse_args()
-    cfg = config.tiny(d_model=384, n_heads=6, n_kv_heads=2, ffn_dim=512, vocab_size=512)
-    params = model.init_params(cfg, jax.random.key(0), dtype=jnp.bfloat16, scale=0.1)
     rel = lambda a, b: float(np.linalg.norm(a - b) / np.linalg.norm(b))
     for B in [int(b) for b in args.batch.split(",")]:
-        prompts = [list(range(3, 40)), list(range(50, 71))][:B]
-        ref = tree_level_logits(params, cfg, prompts, TREE)
-        exact = tree_level_logits(params, dataclasses.replace(cfg, compute_dtype="float32"), prompts, TREE)
+        cfg, params, prompts = tree_levels_case(B)
+        ref = tree_level_logits(params, cfg, prompts, LEVELS_TREE)
+        exact = tree_level_logits(params, dataclasses.replace(cfg, compute_dtype="float32"), prompts, LEVELS_TREE)
         with interpreted_kernel(args.wrong_bits):
-            got = tree_level_logits(params, cfg, prompts, TREE)
+            got = tree_level_logits(params, cfg, prompts, LEVELS_TREE)
         print(f"B={B}: kernel vs reference {rel(got, ref):.4f}; kernel vs float32 {rel(got, exact):.4f}; "
               f"reference vs float32 {rel(ref, exact):.4f}; kernel vs reference per row "
               f"{[round(rel(got[:, i], ref[:, i]), 4) for i in range(got.shape[1])]}", flush=True)

@@ -287,6 +287,18 @@ def tree_level_logits(params, cfg, prompts, tree: Tree) -> np.ndarray:
     return np.concatenate(out, axis=1)
 
 
+LEVELS_TREE = Tree(tuple((r,) for r in range(4)) + tuple((a, b) for a in range(2) for b in range(3))
+                   + ((0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 1)))  # levels of 1 to 6 nodes
+
+
+def tree_levels_case(B: int):
+    """``(cfg, bf16 params, prompts)`` of the tree-levels test below (and ``benchmarks/tree_levels_probe.py``)."""
+    from specjax import config
+    cfg = config.tiny(d_model=384, n_heads=6, n_kv_heads=2, ffn_dim=512, vocab_size=512)
+    params = model.init_params(cfg, jax.random.key(0), dtype=jnp.bfloat16, scale=0.1)  # peaked: few near-ties
+    return cfg, params, [list(range(3, 40)), list(range(50, 71))][:B]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("B", [1, 2])
 def test_gpu_draft_model_tree_levels_kernel_vs_reference(monkeypatch, B):
@@ -301,12 +313,8 @@ def test_gpu_draft_model_tree_levels_kernel_vs_reference(monkeypatch, B):
     for B = 1 / 2, while kernel and reference were 1.66e-2 / 1.71e-2 and 1.59e-2 / 1.56e-2 from float32;
     benchmarks/NOTES.md item 48). A wrong mask bit or offset moves a row's logits by far more than 25 %."""
     from specjax import config
-    cfg = config.tiny(d_model=384, n_heads=6, n_kv_heads=2, ffn_dim=512, vocab_size=512)
-    params = model.init_params(cfg, jax.random.key(0), dtype=jnp.bfloat16, scale=0.1)  # peaked: few near-ties
-    prompts = [list(range(3, 40)), list(range(50, 71))][:B]
-    tree = Tree(tuple((r,) for r in range(4)) + tuple((a, b) for a in range(2) for b in range(3))
-                + ((0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 1)))
-
+    cfg, params, prompts = tree_levels_case(B)
+    tree = LEVELS_TREE
     got = tree_level_logits(params, cfg, prompts, tree)
     with monkeypatch.context() as m:
         m.setenv("SPECJAX_ATTENTION", "reference")
