@@ -17,7 +17,7 @@ target), then replayed on held-out MT-bench / HumanEval prompts (chat form, as t
 check), each answer cut at its EOS. Prints tau for the chain and for trees of each size.
 
     PYTHONPATH=.:benchmarks python3 benchmarks/tree_bound_probe.py [--n 8] [--calib 16] [--new 96]
-        [--drafters eagle3,medusa,draft]
+        [--drafters eagle3,medusa,draft] [--shipped-trees]
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import specjax
 from specjax import model
 from specjax.files import atomic_write_text
 from specjax.heads import medusa, shipped
+from specjax.speculative.tree import Tree
 from training import corpus, instructions
 from training.eagle3_ttt import (NOT_PROPOSED, draft_model_ranks, tree_acceptance, true_ranks, ttt_logits,
                                  vocab_columns)
@@ -42,6 +43,7 @@ from training.evaluate import heldout_prompts
 
 EAGLE3_STEPS = 7  # EAGLE-3's chain length (issue #4's K=7) and the depth of its trees
 SIZES = (4, 7, 15, 31, 63)
+MODEL = "smollm2-135m-instruct"
 DRAFT_CHAIN = 5  # the draft model's fastest chain on an H200 (benchmarks/NOTES.md item 43); its trees go 7 deep
 
 
@@ -119,12 +121,14 @@ def main(argv=None) -> None:
     ap.add_argument("--drafters", default="eagle3,medusa,draft",
                     help="comma-separated shipped drafters to fit: eagle3, medusa, draft (the draft model over its "
                          "draft vocabulary)")
+    ap.add_argument("--shipped-trees", action="store_true",
+                    help="also replay the trees in each drafter's shipped trees.json (e.g. after its weights changed)")
     a = ap.parse_args(argv)
     names = [d for d in a.drafters.split(",") if d]
     if not names or set(names) - {"eagle3", "medusa", "draft"}:
         ap.error(f"--drafters: a comma-separated subset of eagle3, medusa, draft; got {a.drafters!r}")
-    lm = specjax.load("smollm2-135m-instruct", dtype="float32")
-    heads = {k: shipped.load("smollm2-135m-instruct", k, lm.cfg, lm.params, dtype=jnp.float32) for k in names}
+    lm = specjax.load(MODEL, dtype="float32")
+    heads = {k: shipped.load(MODEL, k, lm.cfg, lm.params, dtype=jnp.float32) for k in names}
     calib_prompts = [corpus.chat_ids(lm.tokenizer, q) for q in instructions.instructions(a.calib, seed=12345)]
     calib_prompts += [corpus.chat_ids(lm.tokenizer, q) for q in corpus.code_prompts(a.calib, seed=12345)]
     sets = {"calibration": [p for p in calib_prompts if len(p) <= 512],
@@ -144,6 +148,10 @@ def main(argv=None) -> None:
             counts += prefixes(tabs[drafter], range(s - 1, e - 2))
         trees = {f"chain K={chain_len}": {(0,) * m for m in range(1, chain_len + 1)}}
         trees |= {f"tree {n} nodes": best_tree(counts, n) for n in SIZES}
+        shipped_file = shipped.path(MODEL, drafter) / "trees.json"
+        if a.shipped_trees and shipped_file.is_file():  # e.g. trees fitted on the weights before a fine-tune
+            sizes = sorted(json.loads(shipped_file.read_text())[drafter], key=int)
+            trees |= {f"shipped tree {n} nodes": set(Tree.load(shipped_file, int(n), drafter).paths) for n in sizes}
         fitted[drafter] = {str(n): _json_paths(trees[f"tree {n} nodes"]) for n in SIZES}
         for cap in [int(c) for c in a.max_depths.split(",") if c]:
             capped = {n: best_tree(counts, n, cap) for n in SIZES}

@@ -25,7 +25,7 @@ from specjax import cache as kv
 from specjax import model
 from specjax.errors import CheckpointError
 from specjax.heads import eagle3, medusa, medusa_io, shipped
-from training import corpus, data, decontam, losses, recipes, teacher_cache, tiny
+from training import cards, corpus, data, decontam, losses, recipes, teacher_cache, tiny
 from training.eagle3_ttt import ttt_logits
 from training.loop import TrainConfig, train
 
@@ -206,12 +206,19 @@ def test_draft_model_fine_tunes_from_an_exported_model(target, dataset, tmp_path
         recipes.train_draft(tp, cfg, dataset, tc, n_layers=2, init=draft_io.load_draft_model(tmp_path / "d", tp))
 
 
-def test_train_smollm2_fine_tunes_the_draft_model(target, dataset, tmp_path):
+@pytest.mark.parametrize("tied", [False, True])
+def test_train_smollm2_fine_tunes_the_draft_model(dataset, tmp_path, monkeypatch, tied):
     """``--init-draft FOLDER``: the draft stage starts from that model, its record and card say so, and its draft
-    vocabulary is exported with the result (so the fine-tune decodes over the same cut head)."""
+    vocabulary is exported with the result (so the fine-tune decodes over the same cut head). ``tied``: a target
+    with tied embeddings, as SmolLM2 (the cut head comes back untied; its tau check once failed on the device)."""
     from specjax.heads import draft_io
     from training import train_smollm2
-    cfg, tp = target
+    if tied:
+        untied_config = tiny.target_config
+        monkeypatch.setattr(tiny, "target_config", lambda *a, **kw: dataclasses.replace(
+            untied_config(*a, **kw), tie_embeddings=True))
+    cfg, tp = tiny.target()
+    assert cfg.tie_embeddings == tied and ("lm_head" in tp) != tied
     tc = TrainConfig(steps=2, batch_size=4, lr=3e-3, warmup_steps=1, progress=False)
     dcfg, full, _ = recipes.train_draft(tp, cfg, dataset, tc, n_layers=2)
     ids = np.arange(1, 256, 3)
@@ -608,7 +615,12 @@ def test_a_resumed_stage_keeps_its_earlier_training_record():
         1, 2, 3, 4, 5, 6]
     done = TrainResult(params={}, history=[], start_step=3, end_step=3)  # complete already: 0 steps run
     assert continued_record(prev, done, 2.5) == {"train_seconds": 10.0, "final": {"step": 3}, "history": prev["history"]}
-    assert continued_record(None, more, 5.0) == {} and continued_record(prev, TrainResult({}, [], 0, 6), 5.0) == {}
+    assert continued_record(prev, TrainResult({}, [], 0, 6), 5.0) == {}
+    # The earlier invocation died before writing its record (session 58's first call): the time covers steps 4-6 only.
+    orphan = {"steps": 6, "batch_size": 1000, "seq_len": 10, "train_seconds": 6.0} | continued_record(None, more, 6.0)
+    assert orphan["resumed_from_step"] == 3
+    assert cards._throughput(orphan).startswith(" (5k token positions/s")  # 3 steps x 1000 x 10 / 6 s
+    assert cards._resumed(orphan).startswith(" for steps 4-6 (resumed from the checkpoint at step 3;")
 
 
 def test_train_smollm2_script_runs_end_to_end_on_a_tiny_target(tmp_path):

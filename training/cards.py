@@ -56,9 +56,15 @@ def _heldout_line(h: dict | None) -> str:
 def _throughput(rec: dict) -> str:
     if not rec.get("train_seconds"):
         return ""
-    rate = rec["steps"] * rec["batch_size"] * rec["seq_len"] / rec["train_seconds"]
+    rate = (rec["steps"] - rec.get("resumed_from_step", 0)) * rec["batch_size"] * rec["seq_len"] / rec["train_seconds"]
     return (f" ({rate / 1e3:.0f}k token positions/s: steps x batch x sequence length over that wall time, which "
             "includes compilation and the held-out scoring)")
+
+
+def _resumed(rec: dict) -> str:
+    s = rec.get("resumed_from_step")
+    return (f" for steps {s + 1}-{rec['steps']} (resumed from the checkpoint at step {s}; the invocation that wrote it "
+            "left no record, so its time is not counted)" if s else "")
 
 
 def _openers(corpus_meta: dict) -> str:
@@ -103,7 +109,7 @@ def card(kind: str, rec: dict, results: dict) -> str:
          if kind == "draft" and results["preset"].get("draft_teacher_cache") else "") +
         f"{rec['steps']} steps (of {rec.get('planned_steps', rec['steps'])} planned), batch {rec['batch_size']} x "
         f"{rec['seq_len']} tokens, AdamW lr {rec['lr']} (warmup + cosine, global-norm clipping), fp32 master weights, "
-        f"{results['preset']['dtype']} compute, {rec['train_seconds']} s on {results['hardware']}"
+        f"{results['preset']['dtype']} compute, {rec['train_seconds']} s on {results['hardware']}{_resumed(rec)}"
         f"{_throughput(rec)}. Final loss "
         f"{final.get('loss', float('nan')):.3f}; acceptance proxy per offset (head argmax == target argmax): "
         f"{acc}.{_heldout_line(rec.get('heldout'))}" + (f" Command: `{rec['command']}`." if rec.get("command") else ""),

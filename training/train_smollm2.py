@@ -124,14 +124,19 @@ def train_and_export(kind: str, preset: Preset, tp: dict, cfg, ds, out: Path, se
         (folder / draft_io.VOCAB_FILE).unlink(missing_ok=True)
     draft_io.save_draft_model(out / "export" / "draft-hf", bf16(params), dcfg, shared_embedding=False)
     draft_io.save_draft_model(folder, bf16(params), dcfg, shared_embedding=True, vocab_ids=ids)
-    return DraftModel(dcfg), draft_io.load_draft_model(folder, tp, dtype)[1], res, tc
+    lcfg, lp = draft_io.load_draft_model(folder, tp, dtype)  # a cut head comes back untied: its config, not dcfg
+    return DraftModel(lcfg), lp, res, tc
 
 
 def continued_record(prev: dict | None, res, train_s: float) -> dict:
     """Training fields of a stage resumed from its checkpoint: the earlier invocation's time and history
-    carried over (a stage already complete trains 0 steps here and keeps its earlier record)."""
-    if not prev or res.start_step == 0 or prev.get("steps") != res.start_step:
+    carried over (a stage already complete trains 0 steps here and keeps its earlier record). Where the earlier
+    invocation left no record of that step (it died before writing results.json), ``resumed_from_step`` says
+    that ``train_seconds`` covers only the steps after it."""
+    if res.start_step == 0:
         return {}
+    if not prev or prev.get("steps") != res.start_step:
+        return {"resumed_from_step": res.start_step}
     history = prev.get("history", []) + res.history[:: max(1, len(res.history) // 50)]
     return {"train_seconds": round(prev.get("train_seconds", 0.0) + (train_s if res.history else 0.0), 1),
             "final": res.history[-1] if res.history else prev.get("final"), "history": history}
