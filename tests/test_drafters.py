@@ -177,6 +177,11 @@ def test_a_draft_vocabulary_beside_a_draft_model_cuts_its_lm_head(tiny, tmp_path
     fcfg, fdp = load_draft_model(tmp_path / "d", params, full_vocab=True)
     assert fcfg == dcfg and "vocab_ids" not in fdp
     np.testing.assert_array_equal(rdp["lm_head"], np.asarray(fdp["embed" if dcfg.tie_embeddings else "lm_head"])[ids])
+    for slim in (False, True):  # saved again without one: the earlier draft vocabulary does not cut the new head
+        save_draft_model(tmp_path / "d", dparams, dcfg, shared_embedding=True, vocab_ids=ids)
+        save_draft_model(tmp_path / "d", dparams, dcfg, shared_embedding=slim)
+        assert not (tmp_path / "d" / VOCAB_FILE).exists()
+        assert "vocab_ids" not in load_draft_model(tmp_path / "d", params)[1]
     save_draft_vocab(tmp_path / "d", [3, 3])
     with pytest.raises(CheckpointError, match=f"{VOCAB_FILE}: vocab ids must be distinct"):
         load_draft_model(tmp_path / "d", params)

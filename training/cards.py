@@ -56,7 +56,8 @@ def _heldout_line(h: dict | None) -> str:
 def _throughput(rec: dict) -> str:
     if not rec.get("train_seconds"):
         return ""
-    rate = (rec["steps"] - rec.get("resumed_from_step", 0)) * rec["batch_size"] * rec["seq_len"] / rec["train_seconds"]
+    steps_run = rec["steps"] - rec.get("resumed_from_step", 0)  # the steps that train_seconds covers
+    rate = steps_run * rec["batch_size"] * rec["seq_len"] / rec["train_seconds"]
     return (f" ({rate / 1e3:.0f}k token positions/s: steps x batch x sequence length over that wall time, which "
             "includes compilation and the held-out scoring)")
 

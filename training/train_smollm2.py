@@ -120,8 +120,6 @@ def train_and_export(kind: str, preset: Preset, tp: dict, cfg, ds, out: Path, se
     dcfg, params, res = recipes.train_draft(tp, cfg, ds, tc, n_layers=preset.draft_layers, heldout=heldout,
                                             cache_teacher=preset.draft_teacher_cache, init=start)
     ids = None if init is None else draft_io.draft_vocab_of(init)
-    if ids is None:  # an earlier fine-tune's draft vocabulary would cut this model's head
-        (folder / draft_io.VOCAB_FILE).unlink(missing_ok=True)
     draft_io.save_draft_model(out / "export" / "draft-hf", bf16(params), dcfg, shared_embedding=False)
     draft_io.save_draft_model(folder, bf16(params), dcfg, shared_embedding=True, vocab_ids=ids)
     lcfg, lp = draft_io.load_draft_model(folder, tp, dtype)  # a cut head comes back untied: its config, not dcfg

@@ -36,9 +36,13 @@ VOCAB_FILE = "draft_vocab.safetensors"
 
 def save_draft_model(folder: str | os.PathLike, params: dict, cfg: ModelConfig, *, shared_embedding: bool,
                      extra: dict | None = None, vocab_ids=None) -> Path:
+    """Write a draft model to ``folder`` (module doc); ``vocab_ids``: its draft vocabulary. Without one, a draft
+    vocabulary left in ``folder`` by an earlier save is removed (it would cut this model's LM head on loading)."""
     folder = Path(folder)
     if vocab_ids is not None:
         save_draft_vocab(folder, vocab_ids)
+    else:
+        (folder / VOCAB_FILE).unlink(missing_ok=True)
     if not shared_embedding:
         export_hf(params, cfg, folder)
         if extra:
