@@ -22,6 +22,7 @@
 #      METHODS (e.g. ar,eagle3:7,eagle3:t31), DATASETS (default "humaneval mtbench"), LIMIT prompts each (0 = all);
 #      NEW_HEAD=FOLDER keeps the shipped heads and adds FOLDER as method `new` (METHODS=ar,eagle3:7,new:7);
 #      PAD=0 times requests at the library's default prompt widths (bench_speculative.py --pad)
+#      COMPUTE=float32 runs the target with float32 matmul operands (--compute; the files get _f32compute before TAG)
 #      DRAFT_VOCAB=LABEL=full|eagle3|IDS.npy adds the shipped draft model over that vocabulary as method LABEL (--draft-vocab)
 # Afterwards, locally: `cat shipped.tar.part* | tar x -C specjax/shipped/smollm2-135m-instruct/`.
 set -euo pipefail
@@ -82,7 +83,7 @@ case "$1" in
     for ds in ${DATASETS:-humaneval mtbench}; do
       timeout "${2:-280}" python3 benchmarks/bench_speculative.py --gguf $G --prompts .carry/b/prompt_ids.json \
         --dataset $ds --methods "${METHODS:-ar,eagle3:7,eagle3:t31,draft:7,medusa:4}" --tag ${TAG:-_heads} --limit ${LIMIT:-0} \
-        ${NEW_HEAD:+--head new=$NEW_HEAD} ${DRAFT_VOCAB:+--draft-vocab $DRAFT_VOCAB} ${PAD:+--pad $PAD} 2>&1 | grep -v "^{" | tail -12
+        ${NEW_HEAD:+--head new=$NEW_HEAD} ${DRAFT_VOCAB:+--draft-vocab $DRAFT_VOCAB} ${PAD:+--pad $PAD} ${COMPUTE:+--compute $COMPUTE} 2>&1 | grep -v "^{" | tail -12
     done
     cp benchmarks/results/spec_*${TAG:-_heads}.* $OUT/ ;;
 esac
