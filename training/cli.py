@@ -87,11 +87,10 @@ def train_main(args: argparse.Namespace) -> int:
         mcfg, params, _ = recipes.train_medusa(tp, cfg, ds, tc, num_heads=args.num_heads, own_lm_head=args.own_lm_head)
         medusa_io.save_medusa(export, bf16(params), mcfg, base_model=str(args.model))
     else:
-        init = None if args.init is None else draft_io.load_draft_model(args.init, tp, full_vocab=True)
+        init, ids = (None, None) if args.init is None else draft_io.fine_tune_start(args.init, tp)
         dcfg, params, _ = recipes.train_draft(tp, cfg, ds, tc, n_layers=args.layers, cache_teacher=args.teacher_cache,
                                               init=init)
-        draft_io.save_draft_model(export, bf16(params), dcfg, shared_embedding=False,
-                                  vocab_ids=None if args.init is None else draft_io.draft_vocab_of(args.init))
+        draft_io.save_draft_model(export, bf16(params), dcfg, shared_embedding=False, vocab_ids=ids)
     print(f"wrote {export}")
     return 0
 

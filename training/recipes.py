@@ -80,9 +80,9 @@ def train_draft(tp: dict, cfg: ModelConfig, ds: data.TokenDataset, tc: TrainConf
     ``cache_teacher``: run the target over ``ds`` once (``teacher_cache.build``, held on the device) and
     take its logits from those hidden states in every step instead of a forward of the target; the
     held-out rows still run the target. Its build time counts against ``tc.max_seconds``.
-    ``init``: ``(ModelConfig, params)`` of a trained draft model (``draft_io.load_draft_model(...,
-    full_vocab=True)``) to fine-tune instead of the truncated target: its layers and final norm become the
-    float32 master weights (``n_layers`` must equal its depth); the optimizer starts afresh."""
+    ``init``: ``(ModelConfig, params)`` of a trained draft model (``draft_io.fine_tune_start(folder)[0]``, i.e.
+    ``load_draft_model(..., full_vocab=True)``) to fine-tune instead of the truncated target: its layers and final
+    norm become the float32 master weights (``n_layers`` must equal its depth); the optimizer starts afresh."""
     if init is None:
         dcfg, params = init_draft(tp, cfg, n_layers)
     else:

@@ -116,10 +116,9 @@ def train_and_export(kind: str, preset: Preset, tp: dict, cfg, ds, out: Path, se
                                                  own_lm_head=kind == "medusa-own", heldout=heldout)
         medusa_io.save_medusa(folder, bf16(params), mcfg, base_model=HF_ID)
         return Medusa(mcfg), medusa_io.load_medusa(folder, cfg, dtype=dtype)[1], res, tc
-    start = None if init is None else draft_io.load_draft_model(init, tp, full_vocab=True)
+    start, ids = (None, None) if init is None else draft_io.fine_tune_start(init, tp)
     dcfg, params, res = recipes.train_draft(tp, cfg, ds, tc, n_layers=preset.draft_layers, heldout=heldout,
                                             cache_teacher=preset.draft_teacher_cache, init=start)
-    ids = None if init is None else draft_io.draft_vocab_of(init)
     draft_io.save_draft_model(out / "export" / "draft-hf", bf16(params), dcfg, shared_embedding=False)
     draft_io.save_draft_model(folder, bf16(params), dcfg, shared_embedding=True, vocab_ids=ids)
     lcfg, lp = draft_io.load_draft_model(folder, tp, dtype)  # a cut head comes back untied: its config, not dcfg

@@ -95,6 +95,13 @@ def load_draft_model(folder: str | os.PathLike, target_params: dict | None = Non
         raise CheckpointError(f"{folder}/{VOCAB_FILE}: {e}") from e
 
 
+def fine_tune_start(folder: str | os.PathLike, target_params: dict | None = None):
+    """What a fine-tune of ``folder``'s draft model starts from: ``((cfg, params) with the full LM head, the
+    weights ``training.recipes.train_draft(init=...)`` takes), its draft vocabulary or None)``; the vocabulary is
+    exported with the result (``save_draft_model(vocab_ids=...)``), so the fine-tune proposes the same tokens."""
+    return load_draft_model(folder, target_params, full_vocab=True), draft_vocab_of(folder)
+
+
 def _load(folder: Path, target_params: dict | None, dtype) -> tuple[ModelConfig, dict]:
     try:
         conf = json.loads((folder / "config.json").read_text())
