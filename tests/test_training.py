@@ -209,7 +209,8 @@ def test_draft_model_fine_tunes_from_an_exported_model(target, dataset, tmp_path
 @pytest.mark.parametrize("tied", [False, True])
 def test_train_smollm2_fine_tunes_the_draft_model(dataset, tmp_path, monkeypatch, tied):
     """``--init-draft FOLDER``: the draft stage starts from that model, its record and card say so, and its draft
-    vocabulary is exported with the result (so the fine-tune decodes over the same cut head). ``tied``: a target
+    vocabulary is exported with the result, in the slim folder and the Hugging Face one (so the fine-tune decodes over
+    the same cut head). ``tied``: a target
     with tied embeddings, as SmolLM2 (the cut head comes back untied; its tau check once failed on the device)."""
     from specjax.heads import draft_io
     from training import train_smollm2
@@ -233,6 +234,7 @@ def test_train_smollm2_fine_tunes_the_draft_model(dataset, tmp_path, monkeypatch
     assert f"Fine-tuned from the model in `{(tmp_path / 'd').resolve()}` (model.safetensors sha256 {sha};" in (
         export / "CARD.md").read_text()
     np.testing.assert_array_equal(draft_io.draft_vocab_of(export), ids)
+    np.testing.assert_array_equal(draft_io.draft_vocab_of(tmp_path / "run" / "export" / "draft-hf"), ids)
 
 
 def _medusa_run(target, dataset, ckpt_dir, **kw):

@@ -17,7 +17,9 @@ were made that way: the EAGLE-3 head on two H200s with ``--preset large --steps 
 (benchmarks/results/train_large13k_H200x2_2026-11-29.*), then fine-tuned on one H200 with ``--preset large --steps 6500
 --init-eagle3 shipped --corpus-seed 1`` (train_ft1_H200_2026-12-02.*), the Medusa heads on one H200 with
 ``--preset h100`` (train_heads2_H200_2026-11-26.*), the draft model on one H200 with ``--preset large --only draft
---steps 22000 --teacher-cache`` in two calls (train_draftcache22k_H200_2026-12-04.*). The corpus and the
+--steps 22000 --teacher-cache`` in two calls (train_draftcache22k_H200_2026-12-04.*) and fine-tuned three times
+on one H100 with ``--preset large --only draft --steps 11000 --teacher-cache --init-draft shipped --corpus-seed N``, N =
+1, 2, 3 (train_draftft11k{,_seed2,_seed3}_H100_2026-12-06.*). The corpus and the
 training use every local device (``training/pool.py``, ``TrainConfig.devices``); ``--preset large`` is sized for two
 GPUs (benchmarks/NOTES.md items 29 and 31). ``--steps N`` overrides every stage's step count. ``--init-eagle3`` /
 ``--init-draft FOLDER`` (or ``shipped``) fine-tune that EAGLE-3 head / draft model instead of starting afresh, its
@@ -119,7 +121,7 @@ def train_and_export(kind: str, preset: Preset, tp: dict, cfg, ds, out: Path, se
     start, ids = (None, None) if init is None else draft_io.fine_tune_start(init, tp)
     dcfg, params, res = recipes.train_draft(tp, cfg, ds, tc, n_layers=preset.draft_layers, heldout=heldout,
                                             cache_teacher=preset.draft_teacher_cache, init=start)
-    draft_io.save_draft_model(out / "export" / "draft-hf", bf16(params), dcfg, shared_embedding=False)
+    draft_io.save_draft_model(out / "export" / "draft-hf", bf16(params), dcfg, shared_embedding=False, vocab_ids=ids)
     draft_io.save_draft_model(folder, bf16(params), dcfg, shared_embedding=True, vocab_ids=ids)
     lcfg, lp = draft_io.load_draft_model(folder, tp, dtype)  # a cut head comes back untied: its config, not dcfg
     return DraftModel(lcfg), lp, res, tc
