@@ -210,8 +210,8 @@ def test_draft_model_fine_tunes_from_an_exported_model(target, dataset, tmp_path
 def test_train_smollm2_fine_tunes_the_draft_model(dataset, tmp_path, monkeypatch, tied):
     """``--init-draft FOLDER``: the draft stage starts from that model, its record and card say so, and its draft
     vocabulary is exported with the result, in the slim folder and the Hugging Face one (so the fine-tune decodes over
-    the same cut head). ``tied``: a target
-    with tied embeddings, as SmolLM2 (the cut head comes back untied; its tau check once failed on the device)."""
+    the same cut head). ``tied``: a target with tied embeddings, as SmolLM2 (the cut head comes back untied; its tau
+    check once failed on the device)."""
     from specjax.heads import draft_io
     from training import train_smollm2
     if tied:
