@@ -35,6 +35,7 @@ import specjax
 from specjax import model
 from specjax.files import atomic_write_text
 from specjax.heads import medusa, shipped
+from specjax.speculative.drafters import SHIPPED_TARGET
 from specjax.speculative.tree import Tree
 from training import corpus, instructions
 from training.eagle3_ttt import (NOT_PROPOSED, draft_model_ranks, tree_acceptance, true_ranks, ttt_logits,
@@ -43,7 +44,6 @@ from training.evaluate import heldout_prompts
 
 EAGLE3_STEPS = 7  # EAGLE-3's chain length (issue #4's K=7) and the depth of its trees
 SIZES = (4, 7, 15, 31, 63)
-MODEL = "smollm2-135m-instruct"
 DRAFT_CHAIN = 5  # the draft model's fastest chain on an H200 (benchmarks/NOTES.md item 43); its trees go 7 deep
 
 
@@ -127,8 +127,8 @@ def main(argv=None) -> None:
     names = [d for d in a.drafters.split(",") if d]
     if not names or set(names) - {"eagle3", "medusa", "draft"}:
         ap.error(f"--drafters: a comma-separated subset of eagle3, medusa, draft; got {a.drafters!r}")
-    lm = specjax.load(MODEL, dtype="float32")
-    heads = {k: shipped.load(MODEL, k, lm.cfg, lm.params, dtype=jnp.float32) for k in names}
+    lm = specjax.load(SHIPPED_TARGET, dtype="float32")
+    heads = {k: shipped.load(SHIPPED_TARGET, k, lm.cfg, lm.params, dtype=jnp.float32) for k in names}
     calib_prompts = [corpus.chat_ids(lm.tokenizer, q) for q in instructions.instructions(a.calib, seed=12345)]
     calib_prompts += [corpus.chat_ids(lm.tokenizer, q) for q in corpus.code_prompts(a.calib, seed=12345)]
     sets = {"calibration": [p for p in calib_prompts if len(p) <= 512],
@@ -148,7 +148,7 @@ def main(argv=None) -> None:
             counts += prefixes(tabs[drafter], range(s - 1, e - 2))
         trees = {f"chain K={chain_len}": {(0,) * m for m in range(1, chain_len + 1)}}
         trees |= {f"tree {n} nodes": best_tree(counts, n) for n in SIZES}
-        shipped_file = shipped.path(MODEL, drafter) / "trees.json"
+        shipped_file = shipped.path(SHIPPED_TARGET, drafter) / "trees.json"
         if a.shipped_trees and shipped_file.is_file():  # e.g. trees fitted on the weights before a fine-tune
             sizes = sorted(json.loads(shipped_file.read_text())[drafter], key=int)
             trees |= {f"shipped tree {n} nodes": set(Tree.load(shipped_file, int(n), drafter).paths) for n in sizes}
