@@ -32,6 +32,12 @@ block j in float32 and the 16-bit P of block j - 1 in registers: ``max_overlap_b
 block_kv per head dim (``overlap_config`` picks it). ``default_config`` uses it where it measured
 faster (``TUNED``: hd 128 non-causal up to 4k keys, hd 256 causal from 513 to 8k keys).
 
+Lazy rescaling (``TuningConfig(lazy_rescale=True)``, FA4's conditional rescale): a row's running max
+moves only when a block's scores pass it by more than 2^8, so most steps leave every factor alpha at
+exactly 1, and a warp whose 16 rows all keep theirs skips O's multiply (a warp-uniform branch after a
+``vote.sync``). ``TUNED`` uses it where it measured faster: hd 128 non-causal 1k-4k, hd 128 causal from
+2k, every hd 256 causal row (NOTES v26; at hd 64 it was slower).
+
 Masking is one rule: key ``s`` is visible to query row ``t`` of batch ``b`` iff ``s < k_end[b, t]``
 (see ``key_end``). It expresses non-causal, causal top-left, causal bottom-right (KV-cache offsets),
 per-sequence lengths and the model's ``s <= q_pos`` rule. Per CTA the kernel reads the min / max
@@ -97,6 +103,7 @@ _ROW = plgpu.Layout.WGMMA.reduce(1)
 _LOG2E = math.log2(math.e)
 _LN2 = math.log(2.0)
 _MASKED = -1e30  # finite: a row that has seen only masked keys still has a finite running max
+_LAZY_RESCALE = 8.0  # ``lazy_rescale``: the running max moves once scores pass it by more than this (log2 units)
 
 
 _SMEM_LIMIT = 227 * 1024  # bytes of shared memory one Hopper CTA may use
@@ -156,7 +163,12 @@ class TuningConfig:
     the kernel. Equal items otherwise leave the last round part idle (2048 non-causal items on 132
     CTAs: 16 rounds for 15.5 rounds of work). Exact, but on an H100 slower than each row's pick but
     hd 64 4k (level to +2.5 %): the partial round cost less than counted and the merge 6-15 us (NOTES v25), so
-    no ``TUNED`` row uses it."""
+    no ``TUNED`` row uses it.
+    ``lazy_rescale`` (FA4's conditional rescaling): a row keeps its running max ``m`` until a block's
+    scores exceed it by more than ``_LAZY_RESCALE`` (8 in the scaled log2 domain), so P <= 2^8 and most
+    blocks leave every row's factor alpha exactly 1; a warp whose 16 rows all have alpha == 1 skips
+    the multiply of its O registers (a warp-uniform branch, ``_rescaled``). O and l stay relative to the
+    same ``m``, so the result is the softmax's up to rounding (NOTES v26)."""
     block_q: int = 64        # query rows per consumer warpgroup (a CTA owns consumers * block_q)
     block_kv: int = 128      # keys per pipeline step
     num_stages: int = 2      # K/V SMEM ring depth
@@ -173,6 +185,7 @@ class TuningConfig:
     kernel_mask: bool = True  # static masks (``causal=``) in the kernel; False: as k_end arrays (class doc)
     fp8_p_in_regs: bool = False  # float8: P as PV's register A operand, V^T's keys permuted (class doc)
     split_tail: bool = False  # persistent, static masks (arrays: ignored): the last round cut by key blocks (class doc)
+    lazy_rescale: bool = False  # a row's running max moves only when it grows by more than 2^8 (class doc)
 
     def __post_init__(self):
         if self.block_q != 64:
@@ -220,6 +233,9 @@ class TuningConfig:
             raise ValueError(f"split_tail must be True or False and needs persistent=True (it cuts the "
                              f"persistent grid's last round), got split_tail={self.split_tail!r}, "
                              f"persistent={self.persistent!r}")
+        if not isinstance(self.lazy_rescale, bool):
+            raise ValueError(f"lazy_rescale must be True or False (skip O's rescale while no row's max grows "
+                             f"by more than 2^{_LAZY_RESCALE:g}), got {self.lazy_rescale!r}")
         if isinstance(self.num_ctas, bool) or not isinstance(self.num_ctas, int) or self.num_ctas < 1:
             raise ValueError(f"num_ctas must be a positive int (CTAs of the persistent grid, at most "
                              f"one per SM is useful), got {self.num_ctas!r}")
@@ -330,17 +346,22 @@ class TuningConfig:
 # "balanced" with v18's snake at hd 128 causal 4k < S <= 8k and hd 64 causal past 8k: an H200 probe (NOTES "v19").
 # hd 256 non-causal up to 2k keys: the balanced one-stage form with turns, an H100 probe (NOTES "v23"); past 8k the
 # grid, as from 2k to 8k, and hd 64 non-causal 1k < S <= 2k balanced with the static mask: two H100 probes (NOTES "v24").
+# "+lazy": ``lazy_rescale`` (O rescaled only in warps where a row's max grew by more than 2^8), where an H100 probe of
+# every bf16 row measured it faster: hd 128 non-causal 1k-4k (+1.6 %), causal 4k and past 8k (+0.9 / +1.5 %), every
+# hd 256 causal row (+1.2-3.1 %); at hd 64 it was 1-10 % slower (NOTES "v26").
 TUNED = {
     (64, False): ((1024, 256, "persistent+prefetch+kend"), (2048, 256, "balanced+prefetch"),
                   (4096, 256, "persistent+prefetch+kend"), (8192, 128, "persistent+c3+prefetch+kend"),
                   (None, 128, "persistent+c3+3stage+prefetch+kend")),
     (64, True): ((1024, 128, "persistent+prefetch"), (8192, 256, "persistent+prefetch"),
                  (None, 256, "balanced+prefetch")),
-    (128, False): ((4096, 128, "persistent+overlap"), (None, 192, "grid")),
-    (128, True): ((4096, 128, "persistent+prefetch"), (8192, 128, "balanced"), (None, 192, "grid")),
+    (128, False): ((512, 128, "persistent+overlap"), (4096, 128, "persistent+overlap+lazy"), (None, 192, "grid")),
+    (128, True): ((2048, 128, "persistent+prefetch"), (4096, 128, "persistent+prefetch+lazy"), (8192, 128, "balanced"),
+                  (None, 192, "grid+lazy")),
     (256, False): ((2048, 128, "balanced+1stage+turns"), (None, 128, "grid+1stage+turns")),
-    (256, True): ((512, 64, "persistent+spare"), (1024, 64, "persistent+overlap+spare"), (2048, 64, "persistent+overlap"),
-                  (8192, 64, "balanced+overlap"), (None, 128, "grid+1stage+turns")),
+    (256, True): ((512, 64, "persistent+spare+lazy"), (1024, 64, "persistent+overlap+spare+lazy"),
+                  (2048, 64, "persistent+overlap+lazy"), (8192, 64, "balanced+overlap+lazy"),
+                  (None, 128, "grid+1stage+turns+lazy")),
 }
 # Rows whose pick above is balanced where a mask passed as a ``k_end`` array takes another: for an array the
 # balanced order is sorted by XLA before the kernel, and these short rows lost 12-18 % with it (hd 256
@@ -373,7 +394,8 @@ def default_config(head_dim: int, kv_len: int | None = None, causal: bool = Fals
     extra = dict(overlap="overlap" in flags, consumers=3 if "c3" in flags else 2, spare_q="spare" in flags,
                  num_stages=next((int(f[0]) for f in flags if f.endswith("stage")), 2), alternate_gemms="turns" in flags,
                  prefetch="prefetch" in flags, kernel_mask="kend" not in flags,
-                 split_tail="split" in flags and not mask_array)  # the split needs a static mask
+                 split_tail="split" in flags and not mask_array,  # the split needs a static mask
+                 lazy_rescale="lazy" in flags)
     if schedule == "grid":
         return TuningConfig(block_kv=block_kv, **extra)
     return TuningConfig(block_kv=block_kv, persistent=True, balanced=schedule == "balanced",
@@ -497,15 +519,55 @@ def _init_carry(bq: int, d: int):
     return acc, m_i, l_i
 
 
-def _scores_to_p(s, m_i, kend_row, ki, masked: bool, scale_log2: float):
+def _scores_to_p(s, m_i, kend_row, ki, masked: bool, scale_log2: float, lazy: bool = False):
     """Online softmax of one block's scores: ``(m_new, alpha, p)``, m in the scaled log2 domain, so
-    p = exp2(s * c - m) is one FMA per element; ``masked``: keys at or past ``k_end`` get -1e30."""
+    p = exp2(s * c - m) is one FMA per element; ``masked``: keys at or past ``k_end`` get -1e30.
+    ``lazy``: a row's m moves only if the block's max passes it by more than ``_LAZY_RESCALE``, else
+    its alpha is exactly 1 and its p at most 2^8 (``TuningConfig.lazy_rescale``)."""
     if masked:
         col = plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=_WGMMA) + ki * s.shape[1]
         s = jnp.where(col < lax.broadcast_in_dim(kend_row, s.shape, [0]), s, _MASKED)
     m_new = jnp.maximum(m_i, s.max(axis=1) * scale_log2)
+    if lazy:  # m_i = -inf (no block yet) always moves
+        m_new = jnp.where(m_new > m_i + _LAZY_RESCALE, m_new, m_i)
     alpha = jnp.exp2(m_i - m_new)
     return m_new, alpha, jnp.exp2(s * scale_log2 - lax.broadcast_in_dim(m_new, s.shape, [0]))
+
+
+def _rescaled(acc, alpha, cfg: TuningConfig):
+    """O's rows times their factors ``alpha``. With ``cfg.lazy_rescale`` on the GPU, a warp multiplies
+    only if one of its 16 rows has alpha != 1 (a ``vote.any`` over the warp, so the branch is uniform
+    within it); a skipped multiply is by exactly 1, so the result is the same bits either way. The
+    interpreter runs no inline Mosaic GPU code: ``interpretable`` configs always multiply."""
+    if not cfg.lazy_rescale or cfg.interpretable:
+        return acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+    import jax.experimental.mosaic.gpu as mgpu
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, nvvm, scf, vector
+
+    @plgpu.inline_mgpu(arg_types=(_WGMMA, _ROW),
+                       return_type=plgpu.ShapeDtypeStruct(acc.shape, jnp.float32, layout=_WGMMA))
+    def rescale(ctx, acc_fa, alpha_fa):
+        i1, i32 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(32)
+        one = arith.constant(ir.F32Type.get(), 1.0)
+        need = arith.constant(i1, 0)
+        for reg in alpha_fa.registers.flat:    # this thread's rows
+            for i in range(ir.VectorType(reg.type).shape[0]):
+                x = vector.extract(reg, dynamic_position=[], static_position=[i])
+                need = arith.ori(need, arith.cmpf(arith.CmpFPredicate.UNE, x, one))
+        need = nvvm.vote_sync(arith.constant(i32, -1), need, "any")  # mask: all 32 lanes
+        regs = acc_fa.registers
+        branch = scf.IfOp(need, [r.type for r in regs.flat], has_else=True)
+        with ir.InsertionPoint(branch.then_block):
+            scaled = acc_fa * alpha_fa.broadcast_in_dim(acc_fa.shape, (0,), acc_fa.layout)
+            scf.yield_(list(scaled.registers.flat))
+        with ir.InsertionPoint(branch.else_block):
+            scf.yield_(list(regs.flat))
+        out = np.empty(regs.shape, dtype=object)
+        for idx, r in zip(np.ndindex(regs.shape), branch.results):
+            out[idx] = r
+        return mgpu.FragmentedArray(_registers=out, _layout=acc_fa.layout, _is_signed=None)
+    return rescale(acc, alpha)
 
 
 def _fp8(ref) -> bool:
@@ -597,8 +659,7 @@ def _overlap_steps(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, sched
         _wait(schedule)
         return carry
 
-    def rescaled(acc, alpha):
-        return acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+    rescaled = functools.partial(_rescaled, cfg=cfg)
 
     def onto(acc, owed):  # what the next PV accumulates onto: O with every rescale applied
         return rescaled(acc, owed) if early else acc
@@ -612,7 +673,7 @@ def _overlap_steps(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, sched
         scores_read(0, slot_of(0))
         # Step 0 is masked, except for n_open > 0, where (as unmasked) every row sees block 0.
         kend0 = jnp.maximum(kend_row, jnp.where(n_open > 0, bkv, 0))
-        m_new, alpha, p = _scores_to_p(s, m_i, kend0, 0, True, scale_log2)  # acc is still 0
+        m_new, alpha, p = _scores_to_p(s, m_i, kend0, 0, True, scale_log2, cfg.lazy_rescale)  # acc is still 0
         return end_step(0, acc, m_new, l_i * alpha + p.sum(axis=1), p.astype(lo), alpha)
 
     def step(ki, carry, masked: bool):
@@ -625,7 +686,7 @@ def _overlap_steps(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, sched
             sync()
             s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # QK^T done; PV may still run
             scores_read(ki, slot)
-            m_new, alpha, p = _scores_to_p(s, m_i, kend_row, ki, masked, scale_log2)
+            m_new, alpha, p = _scores_to_p(s, m_i, kend_row, ki, masked, scale_log2, cfg.lazy_rescale)
             return o_ref[...], m_new, alpha, l_i * alpha + p.sum(axis=1), p  # o_ref[...]: waits for PV
         o, m_new, alpha, l_new, p = pl.run_scoped(
             gemms, plgpu.ACC((bq, bkv), jnp.float32), plgpu.ACC(acc.shape, jnp.float32))
@@ -711,9 +772,9 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
         plgpu.barrier_arrive(k_free.at[slot])
         if on_last_qk is not None:
             pl.when(ki == n_steps - 1)(on_last_qk)
-        m_new, alpha, p = _scores_to_p(s, m_i, kend_row, ki, masked, scale_log2)
+        m_new, alpha, p = _scores_to_p(s, m_i, kend_row, ki, masked, scale_log2, cfg.lazy_rescale)
         l_i = l_i * alpha + p.sum(axis=1)
-        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+        acc = _rescaled(acc, alpha, cfg)
         if _fp8(k_smem):  # Mosaic's barrier takes no 2 x 8-bit registers: P converts after it
             acc, l_i, m_new, p = lax.optimization_barrier((acc, l_i, m_new, p))
             p_lo = _fp8_a_operand(p) if cfg.fp8_p_in_regs else p.astype(k_smem.dtype)

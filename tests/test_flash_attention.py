@@ -950,6 +950,71 @@ def test_split_tail_lowers_for_cuda_on_table_rows(hd, label, monkeypatch):
         assert "custom_call" in _hlo_ops(lambda q, k, v: flash_attention_fwd(q, k, v, causal="none", config=cfg), x)
 
 
+# ---------------------------------------------------------------- lazy rescale (``lazy_rescale``, ``/l1``)
+def _rising_inputs(seed, B, T, H, S, G, d, dtype=jnp.bfloat16):
+    """Normal q, v and k with k's rows scaled up along the keys (x1 at key 0 to x7 at the last): each row's
+    running max climbs by tens of log2 units over its keys, so a lazy row's ``m`` moves mid-row as well as stays."""
+    q, k, v = _inputs(seed, B, T, H, S, G, d, jnp.float32)
+    ramp = 1 + 6 * jnp.arange(S, dtype=jnp.float32) / S
+    return q.astype(dtype), (k * ramp[None, :, None, None]).astype(dtype), v.astype(dtype)
+
+
+def _lazy_moves(q, k, block_kv: int):
+    """For ``_rising_inputs`` without a mask (H = G): per (block > 0, 16-row warp group), whether some row's lazy
+    ``m`` moves there, as ``_scores_to_p`` decides it (numpy model, float32)."""
+    q, k = np.asarray(q, np.float32), np.asarray(k, np.float32)
+    s = np.einsum("bthd,bshd->bhts", q, k) / np.sqrt(q.shape[-1]) * np.log2(np.e)
+    blocks = [s[..., j:j + block_kv].max(-1) for j in range(0, s.shape[-1], block_kv)]
+    m, moves = blocks[0], []
+    for b in blocks[1:]:
+        moved = b > m + 8.0
+        m = np.where(moved, b, m)
+        T = moved.shape[-1] // 16 * 16
+        moves.append(moved[..., :T].reshape(*moved.shape[:-1], -1, 16).any(-1))
+    return np.stack(moves)
+
+
+LAZY = [(64, dict()), (64, dict(persistent=True, num_ctas=3)), (64, dict(overlap=True)),
+        (64, dict(consumers=3, persistent=True, num_ctas=2)), (64, dict(num_stages=1, alternate_gemms=True)),
+        (256, dict(overlap=True, persistent=True, num_ctas=2))]
+
+
+@pytest.mark.parametrize("hd,extra", LAZY, ids=lambda x: sched(dataclasses.replace(INTERP, **x)) if isinstance(x, dict) else None)
+def test_interpreter_lazy_rescale_matches_reference(hd, extra):
+    """``lazy_rescale``: rows whose max climbs past ``m + 8`` move ``m`` (alpha < 1), the others keep it
+    (alpha = 1, P up to 2^8); both happen in these inputs (the numpy model says so). The schedules, the
+    overlap's early rescale (hd 64) and late one (hd 256), three consumers, one stage with turns; every mask
+    mode across the cases. The interpreter multiplies every row (``_rescaled``); the GPU's skip of a warp's
+    multiply by exactly 1 gives the same bits."""
+    cfg = dataclasses.replace(INTERP, lazy_rescale=True, **extra)
+    shape = (1, 200, 2, 512, 2, hd)
+    q, k, v = _rising_inputs(7, *shape)
+    moves = _lazy_moves(q, k, cfg.block_kv)
+    assert moves.any() and not moves.all(), "the inputs must both move and keep some rows' max"
+    for mode in ("none", MODES[len(extra) % 4]):
+        kend = _kend(mode, 1, 200, 512)
+        with plgpu.force_gpu_interpret_mode():
+            o, lse = flash_attention_fwd(q, k, v, kend, config=cfg)
+        _check_close(q, k, v, kend, o, lse, tol=1e-2)
+
+
+def test_lazy_rescale_lowers_to_a_warp_vote_only_when_asked(monkeypatch):
+    """``/l1``: the kernel's O rescale goes through ``vote.sync`` (a warp skips it when every alpha is 1); the
+    same configs without it have none. CUDA lowering on this host at each head dim's forms."""
+    import pathlib
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    from tune_fa3 import parse_label
+    for hd, text in ((64, "256/2/P/f1/m0"), (64, "128/3/P/c3/f1/m0"), (128, "128/2/P+O"), (128, "192/2/G"),
+                     (256, "128/1/B/a1"), (256, "64/2/P+O/s1")):
+        q = jax.ShapeDtypeStruct((1, 1000, 2048 // hd, hd), jnp.bfloat16)
+        for lazy in (False, True):
+            cfg = dataclasses.replace(parse_label(text, 132), lazy_rescale=lazy)
+            assert ("vote.sync" in _lowered_for_cuda(cfg, q, q)) == lazy, (hd, text, lazy)
+    assert default_config(128, 16384).lazy_rescale is False
+    with pytest.raises(ValueError, match="lazy_rescale"):
+        TuningConfig(lazy_rescale=1)
+
+
 def test_static_mask_without_config_takes_the_causal_tuning(monkeypatch):
     """``flash_attention_fwd(..., causal=...)`` without a config: ``default_config(d, S, causal)`` with
     ``causal`` true for the causal masks; a ``k_end`` array: the non-causal tuning for arrays."""
@@ -1184,6 +1249,26 @@ def test_gpu_prefetch_varlen_padding_rows_and_grad(hd, cfg):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask", STATIC_MASKS)
 @pytest.mark.parametrize("hd,cfg", _tuned_configs())
+def test_gpu_lazy_rescale_matches_float32_reference(hd, cfg, mask):
+    """Every ``TUNED`` config with ``lazy_rescale`` (on the GPU a warp skips O's multiply while its 16 rows'
+    factors are all 1), on normal inputs and on ``_rising_inputs`` (rows whose max moves mid-row), odd lengths
+    and GQA, static masks, outputs poisoned, against the float32 reference; fp16 too with the bottom-right mask."""
+    cfg, G = dataclasses.replace(cfg, lazy_rescale=True), 2
+    for B, T, S in ((2, 1000, 1000), (3, 77, 1531)):
+        if mask == "top_left" and T != S:
+            continue
+        for dtype in (jnp.bfloat16, jnp.float16) if mask == "bottom_right" else (jnp.bfloat16,):
+            for make in (functools.partial(_inputs, dtype=dtype), functools.partial(_rising_inputs, dtype=dtype)):
+                q, k, v = make(hd + T + 2, B, T, G * REP[hd], S, G, hd)
+                kend = key_end(B, T, S, causal=mask)
+                _poison((B, T, G * REP[hd], hd), (B, G * REP[hd], T + 256))
+                _check_close(q, k, v, kend, *flash_attention_fwd(q, k, v, causal=mask, config=cfg),
+                             tol=1e-2 if dtype == jnp.bfloat16 else 2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", STATIC_MASKS)
+@pytest.mark.parametrize("hd,cfg", _tuned_configs())
 def test_gpu_static_masks_match_their_kend_arrays(hd, cfg, mask):
     """Every ``TUNED`` config with ``causal=``: against the float32 reference and, bit for bit, the same
     config with the mask's ``k_end`` array; odd lengths and GQA, outputs poisoned."""
@@ -1383,13 +1468,14 @@ def test_probe_labels_round_trip(monkeypatch):
     from tune_fa3 import label, label_fields, parse_label
     assert label_fields(["f1", "n128"]) == {"prefetch": True, "num_ctas": 128}  # fa3_configs_probe's default/f1/n128
     for text in ("128/2/G", "64/2/P+O/o0", "128/1/P/s1/a1", "128/1/B/a1", "128/2/P/c3", "64/2/B+O/s1", "128/2/P/f1",
-                 "128/2/P/m0", "64/2/P+O/s1/m0", "128/1/P/a1/p1", "192/2/P/t1"):
+                 "128/2/P/m0", "64/2/P+O/s1/m0", "128/1/P/a1/p1", "192/2/P/t1", "128/1/B/a1/l1"):
         cfg = parse_label(text, 132)
         assert label(cfg) == text and parse_label(label(cfg), 132) == cfg, text
     assert parse_label("128/1/G/a1", 132).alternate_gemms and not parse_label("128/1/G", 132).alternate_gemms
     assert parse_label("128/2/P/f1", 132).prefetch and not parse_label("128/2/P", 132).prefetch
     assert not parse_label("64/2/P/m0", 132).kernel_mask and parse_label("64/2/P/n128", 132).num_ctas == 128
     assert parse_label("128/2/P+O/t1", 132).split_tail and not parse_label("128/2/P+O", 132).split_tail
+    assert parse_label("64/2/P/l1", 132).lazy_rescale and not parse_label("64/2/P", 132).lazy_rescale
     with pytest.raises(ValueError, match="not a config label"):
         parse_label("128/1/G/x1", 132)
 
