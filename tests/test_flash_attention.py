@@ -974,24 +974,25 @@ def _lazy_moves(q, k, block_kv: int):
     return np.stack(moves)
 
 
-LAZY = [(64, dict()), (64, dict(persistent=True, num_ctas=3)), (64, dict(overlap=True)),
-        (64, dict(consumers=3, persistent=True, num_ctas=2)), (64, dict(num_stages=1, alternate_gemms=True)),
-        (256, dict(overlap=True, persistent=True, num_ctas=2))]
+LAZY = [(64, dict(), "top_left"), (64, dict(overlap=True), "bottom_right"),
+        (64, dict(consumers=3, persistent=True, num_ctas=2), "positions"),
+        (256, dict(overlap=True, persistent=True, num_ctas=2), "bottom_right")]
 
 
-@pytest.mark.parametrize("hd,extra", LAZY, ids=lambda x: sched(dataclasses.replace(INTERP, **x)) if isinstance(x, dict) else None)
-def test_interpreter_lazy_rescale_matches_reference(hd, extra):
+@pytest.mark.parametrize("hd,extra,mask", LAZY,
+                         ids=lambda x: sched(dataclasses.replace(INTERP, **x)) if isinstance(x, dict) else None)
+def test_interpreter_lazy_rescale_matches_reference(hd, extra, mask):
     """``lazy_rescale``: rows whose max climbs past ``m + 8`` move ``m`` (alpha < 1), the others keep it
-    (alpha = 1, P up to 2^8); both happen in these inputs (the numpy model says so). The schedules, the
-    overlap's early rescale (hd 64) and late one (hd 256), three consumers, one stage with turns; every mask
-    mode across the cases. The interpreter multiplies every row (``_rescaled``); the GPU's skip of a warp's
-    multiply by exactly 1 gives the same bits."""
+    (alpha = 1, P up to 2^8); both happen in these inputs (the numpy model says so). Both softmax loops: the
+    ping-pong's (grid; three consumers, persistent) and the overlap's, with its early rescale (hd 64) and its
+    late one (hd 256, persistent); no mask and one other mode each. The interpreter multiplies every row
+    (``_rescaled``); the GPU's skip of a warp's multiply by exactly 1 gives the same bits."""
     cfg = dataclasses.replace(INTERP, lazy_rescale=True, **extra)
     shape = (1, 200, 2, 512, 2, hd)
     q, k, v = _rising_inputs(7, *shape)
     moves = _lazy_moves(q, k, cfg.block_kv)
     assert moves.any() and not moves.all(), "the inputs must both move and keep some rows' max"
-    for mode in ("none", MODES[len(extra) % 4]):
+    for mode in ("none", mask):
         kend = _kend(mode, 1, 200, 512)
         with plgpu.force_gpu_interpret_mode():
             o, lse = flash_attention_fwd(q, k, v, kend, config=cfg)
