@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# One device call (<= 10 min) on an H100 (nvidia-h100-x1), from the repo root, carrying .whl (pytest-xdist, execnet):
+# One device call (<= 10 min) on an H100 (nvidia-h100-x1), from the repo root, carrying .whl (gguf, pytest-xdist,
+# execnet):
 #   bash benchmarks/fa3_lazy_probe_gpu.sh
 # v26, lazy_rescale (label suffix /l1; FA4's conditional rescaling): a row's running max moves only when a block's
-# scores pass it by more than 2^8, and a warp whose 16 rows all keep theirs skips O's multiply. First the GPU tests of
-# every TUNED config with it against the float32 reference, then every bf16 row of the FA3 table, each row's pick
-# against the same pick with /l1, both twice, alternated.
+# scores pass it by more than 2^8, and a warp whose 16 rows all keep theirs skips O's multiply. First every bf16 row
+# of the FA3 table, each row's pick against the same pick with /l1, both twice, alternated; then the GPU tests of every
+# TUNED config with it against the float32 reference.
 # Log: $OUT/fa3_lazy_probe_log.txt.
 set -uo pipefail
 source benchmarks/device_lib.sh  # probe_setup, step

@@ -35,8 +35,8 @@ faster (``TUNED``: hd 128 non-causal up to 4k keys, hd 256 causal from 513 to 8k
 Lazy rescaling (``TuningConfig(lazy_rescale=True)``, FA4's conditional rescale): a row's running max
 moves only when a block's scores pass it by more than 2^8, so most steps leave every factor alpha at
 exactly 1, and a warp whose 16 rows all keep theirs skips O's multiply (a warp-uniform branch after a
-``vote.sync``). ``TUNED`` uses it where it measured faster: hd 128 non-causal 1k-4k, hd 128 causal from
-2k, every hd 256 causal row (NOTES v26; at hd 64 it was slower).
+``vote.sync``). ``TUNED`` uses it where it measured faster: hd 128 non-causal 1k-4k, hd 128 causal 2k-4k
+and past 8k, every hd 256 causal row (NOTES v26; at hd 64 it was slower).
 
 Masking is one rule: key ``s`` is visible to query row ``t`` of batch ``b`` iff ``s < k_end[b, t]``
 (see ``key_end``). It expresses non-causal, causal top-left, causal bottom-right (KV-cache offsets),
