@@ -14,12 +14,11 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false
 P="python3 benchmarks/fa3_configs_probe.py"
 A="default,default/l1,default,default/l1"
 L=${PROBE_S:-75}
-step hd64n $L 40 $P 64:512:n,64:1024:n,64:2048:n,64:4096:n,64:8192:n,64:16384:n $A --new-only --iters 40
-step hd128n $L 40 $P 128:512:n,128:1024:n,128:2048:n,128:4096:n,128:8192:n,128:16384:n $A --new-only --iters 40
-step hd256n $L 40 $P 256:512:n,256:1024:n,256:2048:n,256:4096:n,256:8192:n,256:16384:n $A --new-only --iters 40
-step hd64c $L 40 $P 64:512:c,64:1024:c,64:2048:c,64:4096:c,64:8192:c,64:16384:c $A --new-only --iters 40
-step hd128c $L 40 $P 128:512:c,128:1024:c,128:2048:c,128:4096:c,128:8192:c,128:16384:c $A --new-only --iters 40
-step hd256c $L 40 $P 256:512:c,256:1024:c,256:2048:c,256:4096:c,256:8192:c,256:16384:c $A --new-only --iters 40
+for m in n c; do  # ran as hd64n, hd128n, hd256n, hd64c, hd128c, hd256c
+  for hd in 64 128 256; do
+    step hd$hd$m $L 40 $P $(printf "$hd:%s:$m," 512 1024 2048 4096 8192 16384 | sed 's/,$//') $A --new-only --iters 40
+  done
+done
 step gpu_tests "${TESTS_S:-150}" 25 python3 -m pytest -m gpu tests/test_flash_attention.py -q -rfEs \
   -p no:cacheprovider --tb=short -n 4 -k lazy
 true
