@@ -261,7 +261,7 @@ def test_shipped_eagle3_loop_accepts_what_its_training_unroll_predicts(smollm2, 
 
 
 @pytest.mark.assets
-@pytest.mark.parametrize("size", [15, 31])
+@pytest.mark.parametrize("size", [pytest.param(15, marks=pytest.mark.slow), 31])  # 15: the same code, -m slow
 def test_shipped_eagle3_tree_accepts_what_its_training_unroll_ranks_predict(smollm2, eagle3_text, size):
     """Tree drafting, checked as the chain is above: along the accepted path a tree's node rows are the
     chain's rows, so the loop's acceptance with the head's fitted tree equals the replay from the ranks of
@@ -290,7 +290,7 @@ def test_shipped_eagle3_tree_accepts_what_its_training_unroll_ranks_predict(smol
 
 
 @pytest.mark.assets
-@pytest.mark.parametrize("size", [15, 31])
+@pytest.mark.parametrize("size", [pytest.param(15, marks=pytest.mark.slow), 31])  # 15: the same code, -m slow
 def test_shipped_draft_model_tree_accepts_what_its_ranks_predict(smollm2, eagle3_text, size):
     """The shipped draft model drafting its fitted tree (``DraftModel(tree=...)``): along the accepted path it is fed
     the true tokens, so the loop's acceptance equals the replay from the true tokens' ranks in one teacher-forced
