@@ -1452,7 +1452,7 @@ def test_gpu_fp8_lazy_rescale_matches_reference(hd, mode):
     long forms, GQA, odd lengths, outputs poisoned: on normal inputs within FP8_TOL of the float32 reference,
     P in registers and through SMEM the same bits; on ``_fp8_exact_score_inputs`` and their rising form
     (rows' max moving mid-row) within bfloat16 rounding of the lazy P-rounded softmax and, LSE, of the float32
-    reference. Exact scores, because random rising inputs (scores of ~30) missed the LSE's 2e-3 by up to 0.02
+    reference. Exact scores, because random rising inputs (scores of ~30) missed the LSE's 2e-3 by up to 0.025
     with ``lazy_rescale`` on an H100 (NOTES v27); whether the 8-bit accumulator's truncation alone does that,
     lazy or not, is not measured. Not yet run on a GPU in this form."""
     G, H = 2, 2 * REP[hd]
