@@ -36,7 +36,8 @@ Lazy rescaling (``TuningConfig(lazy_rescale=True)``, FA4's conditional rescale):
 moves only when a block's scores pass it by more than 2^8, so most steps leave every factor alpha at
 exactly 1, and a warp whose 16 rows all keep theirs skips O's multiply (a warp-uniform branch after a
 ``vote.sync``). ``TUNED`` uses it where it measured faster: hd 128 non-causal 1k-4k, hd 128 causal 2k-4k
-and past 8k, every hd 256 causal row (NOTES v26; at hd 64 it was slower).
+and past 8k, every hd 256 causal row (NOTES v26; at hd 64 it was slower); ``fp8_config`` at hd 256
+non-causal (NOTES v28).
 
 Masking is one rule: key ``s`` is visible to query row ``t`` of batch ``b`` iff ``s < k_end[b, t]``
 (see ``key_end``). It expresses non-causal, causal top-left, causal bottom-right (KV-cache offsets),
@@ -419,10 +420,12 @@ def fp8_config(head_dim: int, kv_len: int | None = None, causal: bool = False) -
     registers (``fp8_p_in_regs``: 5-12 % over P through SMEM on every row probed; without P tiles two
     128-key stages fit at hd 256), the balanced persistent grid, two K/V stages; 128-key blocks at
     hd 256 and on the short rows (``kv_len`` <= 1024) at hd 64 and causal hd 128, 256-key blocks
-    elsewhere."""
+    elsewhere. ``lazy_rescale`` at hd 256 non-causal: +1-5 % from 1k to 8k keys in two H100 probes, level
+    at 512; 5-16 % slower at hd 64 / 128 (NOTES v27, v28)."""
     short = kv_len is not None and kv_len <= 1024 and (head_dim <= 64 or causal)
     return TuningConfig(block_kv=128 if head_dim > 128 or short else 256, num_stages=2, persistent=True,
-                        balanced=True, fp8_p_in_regs=True, num_ctas=_sm_count())
+                        balanced=True, fp8_p_in_regs=True, num_ctas=_sm_count(),
+                        lazy_rescale=head_dim > 128 and not causal)
 
 
 def with_overlap(cfg: TuningConfig, head_dim: int) -> TuningConfig:

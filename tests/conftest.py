@@ -1,12 +1,21 @@
 """Markers: `gpu` tests skip (with the reason shown) unless a Hopper GPU is visible; `slow` tests
 run only when asked for with `-m slow`."""
 
+import importlib.metadata
 import os
 import platform
 
 import jax
 import pytest
 
+
+def _cuda_plugin_installed() -> bool:
+    """Whether a jax CUDA plugin is installed (read from package metadata, before JAX picks a backend)."""
+    return any((d.metadata["Name"] or "").lower().replace("_", "-").startswith("jax-cuda")
+               for d in importlib.metadata.distributions())
+
+
+_CUDA = _cuda_plugin_installed()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # The Mosaic GPU interpreter runs each warpgroup of a kernel as its own XLA CPU execution, and their
 # barrier waits block threads of XLA's CPU thread pool, which has one thread per core. On a 2-core host
@@ -24,6 +33,35 @@ os.environ.setdefault("PJRT_NPROC", str(max(8, os.cpu_count() or 1)))
 # benchmarks/results/ci_time_cpu_2026-12-02b.txt).
 if platform.machine().lower() in ("x86_64", "amd64") and "xla_cpu_max_isa" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_max_isa=AVX2").strip()
+
+# Test files whose time is mostly XLA compiling small programs or the Mosaic GPU interpreter's
+# per-warpgroup programs. On a CPU host their compiles run XLA's backend at optimization level 0
+# (``_compile_fast``): the FA3 interpreter tests took 80 s instead of 133 s that way (benchmarks/NOTES.md
+# item 55). The other files keep the defaults: the real-model loops run their compiled code long
+# enough that level 0 for the whole suite made them slower (test_speculative_smollm2: its fixture's
+# setup alone 199 s, where the whole file had taken 82 s).
+COMPILE_BOUND = {"test_flash_attention.py", "test_flash_attention_bwd.py", "test_decode_attention.py",
+                 "test_fused.py", "test_move_rows.py", "test_skinny_gemm.py", "test_training.py"}
+
+
+@pytest.fixture(autouse=True)
+def _compile_fast(request, monkeypatch):
+    """In ``COMPILE_BOUND`` files on a host without a CUDA plugin: every compile in the test (and, through
+    ``XLA_FLAGS``, in the processes it starts) at ``xla_backend_optimization_level=0``."""
+    if request.path.name not in COMPILE_BOUND or _CUDA:
+        yield
+        return
+    from jax._src import compiler  # no public per-process default for XLA's debug options
+
+    plain = compiler.get_compile_options
+
+    def level0(*args, **kwargs):
+        options = plain(*args, **kwargs)
+        options.executable_build_options.debug_options.xla_backend_optimization_level = 0
+        return options
+    monkeypatch.setattr(compiler, "get_compile_options", level0)
+    monkeypatch.setenv("XLA_FLAGS", (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip())
+    yield
 
 
 def _hopper() -> bool:
