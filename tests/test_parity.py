@@ -99,6 +99,7 @@ def smollm2():
     return cfg, params, meta
 
 
+@pytest.mark.assets
 def test_smollm2_prompt_logits_match_transformers(smollm2):
     cfg, params, meta = smollm2
     ref = np.concatenate([np.load(FIX / f) for f in meta["logit_files"]])
@@ -108,6 +109,7 @@ def test_smollm2_prompt_logits_match_transformers(smollm2):
     assert max(errs) < 1e-4, dict(zip(meta["positions"], errs))
 
 
+@pytest.mark.assets
 def test_smollm2_mtbench_last_prompt_logits_match_transformers(smollm2):
     cfg, params, meta = smollm2
     prompts = [q["prompt_ids"] for q in meta["mtbench"]]
@@ -121,6 +123,7 @@ def test_smollm2_mtbench_last_prompt_logits_match_transformers(smollm2):
     assert max(errs) < 1e-4, errs
 
 
+@pytest.mark.assets
 def test_smollm2_greedy_tokens_match_transformers(smollm2):
     """64 greedy tokens per MT-bench prompt (EOS not special, as in the fixture), batched and ragged."""
     cfg, params, meta = smollm2

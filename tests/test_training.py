@@ -30,6 +30,11 @@ from training.eagle3_ttt import ttt_logits
 from training.loop import TrainConfig, train
 
 
+# Whole pipeline runs (corpus generation, training, the speculative loop's tau): on a CPU host XLA's optimized
+# code pays for its compile time here (tests/conftest.py; 63.7 -> 76.0 s at level 0 for the two-device corpus).
+PIPELINE = pytest.mark.execution_bound
+
+
 @pytest.fixture(scope="module")
 def target():
     return tiny.target()
@@ -206,6 +211,7 @@ def test_draft_model_fine_tunes_from_an_exported_model(target, dataset, tmp_path
         recipes.train_draft(tp, cfg, dataset, tc, n_layers=2, init=draft_io.load_draft_model(tmp_path / "d", tp))
 
 
+@PIPELINE
 @pytest.mark.parametrize("tied", [False, True])
 def test_train_smollm2_fine_tunes_the_draft_model(dataset, tmp_path, monkeypatch, tied):
     """``--init-draft FOLDER``: the draft stage starts from that model, its record and card say so, and its draft
@@ -354,6 +360,7 @@ def test_data_parallel_training_follows_the_one_device_trajectory(tmp_path):
     assert "divisible by 2" in r["refused"]
 
 
+@PIPELINE
 def test_corpus_built_on_two_devices_is_the_one_device_corpus(tmp_path):
     """Two (forced host) devices generate the Magpie rounds and the response pieces at once (training/pool.py):
     both devices answer pieces, and the Magpie queries and the packed corpus equal a one-device build's
@@ -625,6 +632,7 @@ def test_a_resumed_stage_keeps_its_earlier_training_record():
     assert cards._resumed(orphan).startswith(" for steps 4-6 (resumed from the checkpoint at step 3;")
 
 
+@PIPELINE
 def test_train_smollm2_script_runs_end_to_end_on_a_tiny_target(tmp_path):
     """Corpus -> EAGLE-3, Medusa, distilled draft -> export -> tau through the speculative loop (whose greedy
     output must equal AR greedy, in fp32, for all three, decoding from the exported files) -> cards, bundle."""
@@ -651,6 +659,7 @@ def test_train_smollm2_script_runs_end_to_end_on_a_tiny_target(tmp_path):
             "results.json"} <= set(names)
 
 
+@PIPELINE
 def test_train_smollm2_fine_tunes_a_head_on_a_new_corpus(target, dataset, tmp_path):
     """``--init-eagle3 FOLDER --corpus-seed N``: the EAGLE-3 stage starts from that head on a corpus of
     another seed, and its record and card say so."""
@@ -674,6 +683,7 @@ def test_train_smollm2_fine_tunes_a_head_on_a_new_corpus(target, dataset, tmp_pa
     np.testing.assert_array_equal(ids_out, ids)  # the draft vocabulary came with the head
 
 
+@PIPELINE
 def test_train_smollm2_distills_the_draft_model_from_the_cached_teacher(tmp_path):
     """``--teacher-cache``: the draft stage takes the target's logits from hidden states computed once;
     the preset in the record says so, and the exported model still decodes equal to AR greedy."""
@@ -698,6 +708,7 @@ def test_init_record_names_a_shipped_head_by_its_repo_path():
     assert rec["init_sha256"] == hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
 
 
+@PIPELINE
 def test_specjax_train_cli_trains_and_exports(tmp_path):
     from specjax.errors import AssetsMissing
     from training import cli
