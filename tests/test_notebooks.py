@@ -9,15 +9,15 @@ from nbclient import NotebookClient
 from specjax import assets
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
-NEEDS_ASSETS = {"01_quickstart.ipynb"}
-# On a CPU host the notebooks' kernels inherit the tests' XLA level (tests/conftest.py): 01 runs the real
-# SmolLM2 and 03 trains, so they keep XLA's defaults; 02 (a tiny model) takes the fast compiles.
+# 01 needs the real SmolLM2 (`assets`: skipped until fetched). On a CPU host the notebooks' kernels inherit the
+# tests' XLA level (tests/conftest.py): 01 and 03 (which trains) keep XLA's defaults; 02 (a tiny model) takes
+# the fast compiles.
 MARKS = {"01_quickstart.ipynb": pytest.mark.assets, "03_train_head.ipynb": pytest.mark.execution_bound}
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=MARKS.get(p.name, ()), id=p.name) for p in NOTEBOOKS])
-def test_notebook_runs(path, monkeypatch):
-    if path.name in NEEDS_ASSETS and not assets.asset_path("smollm2-135m-instruct").is_file():
+def test_notebook_runs(path, monkeypatch, request):
+    if request.node.get_closest_marker("assets") and not assets.asset_path("smollm2-135m-instruct").is_file():
         pytest.skip("SmolLM2 GGUF not fetched: run `specjax fetch` (or `make test`, which fetches)")
     monkeypatch.setenv("SPECJAX_NOTEBOOK_SMALL", "1")
     nb = nbformat.read(path, as_version=4)
