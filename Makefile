@@ -25,11 +25,13 @@ demo: fetch
 # The suite runs in TEST_WORKERS pytest-xdist processes (2: the CPU CI host's cores). --dist loadfile keeps
 # each test file, and so its module-scoped fixtures (one SmolLM2 load and compile), in one worker.
 # TEST_WORKERS=0 runs it in this one process: do that on a GPU host, where each JAX process would take
-# most of the GPU's memory.
+# most of the GPU's memory. A test past 1200 s has its worker stopped (--timeout-method thread: a hang inside
+# XLA never returns to Python for the signal method); a stopped or crashed worker costs only the test it was
+# running (tests/xdist_recovery.py), never the run.
 TEST_WORKERS ?= 2
 
 test: fetch
-	$(BIN)/python -m pytest -q -ra --timeout 1200 --durations=15 -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -ra --timeout 1200 --timeout-method thread --durations=15 -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) .pytest_cache

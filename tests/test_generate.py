@@ -151,7 +151,6 @@ def _first_token_counts(params, cfg, prompt, n, **kw):
     return np.bincount([o[0] for o in res.output_ids], minlength=cfg.vocab_size)
 
 
-@pytest.mark.execution_bound  # 12000 sampled rows
 @pytest.mark.parametrize("temperature", [1.0])
 def test_sampled_frequencies_match_softmax(temperature):
     cfg = config.tiny(vocab_size=24)

@@ -36,7 +36,6 @@ TOP_P, K = 0.9, 2
 PROMPT = [1, 10, 12, 8, 10, 12, 8, 10, 12]  # [1] + the first 3 greedy tokens, repeated: n-gram hits
 MEDUSA_TREE = Tree(((0,), (1,), (2,), (0, 0), (1, 0)))  # depth 2 like K; siblings tried in rank order
 ADAPTIVE = 0.3  # min_confidence of "draft-adaptive": some cycles stop after d_1, the others draft both
-pytestmark = pytest.mark.execution_bound  # ~50k sampled rows per run: XLA's optimized code pays (tests/conftest.py)
 
 
 def _models():

@@ -10,10 +10,7 @@ from specjax import assets
 from specjax.errors import AssetsMissing
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
-# 01 needs the real SmolLM2 (`assets`: skipped until fetched). On a CPU host the notebooks' kernels inherit the
-# tests' XLA level (tests/conftest.py): 01 and 03 (which trains) keep XLA's defaults; 02 (a tiny model) takes
-# the fast compiles.
-MARKS = {"01_quickstart.ipynb": pytest.mark.assets, "03_train_head.ipynb": pytest.mark.execution_bound}
+MARKS = {"01_quickstart.ipynb": pytest.mark.assets}  # 01 needs the real SmolLM2 (skipped until fetched)
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=MARKS.get(p.name, ()), id=p.name) for p in NOTEBOOKS])
