@@ -6,7 +6,7 @@ pytest-xdist 3.8.0 (the newest release) handles a worker that dies mid-file in t
 - it puts every file the dead worker was ever given back on the queue, the finished ones too. A
   finished file is later sent as an empty batch, which never reports back, so the worker holding it is
   never given more work; near the end of a run that deadlocks the session (pytest-dev/pytest-xdist#1378,
-  #1363). A CI run here hung that way for an hour after one worker segfaulted.
+  #1363). A CI run here hung that way, after one worker segfaulted, until its time limit.
 - it sends the test that killed the worker to the replacement worker again, after reporting it as
   failed (#1371): a test that crashes the interpreter every time takes down each replacement in turn.
 
@@ -36,7 +36,10 @@ class RecoveringLoadFileScheduling(LoadFileScheduling):
     def _reschedule(self, node):
         super()._reschedule(node)
         if not node.shutting_down and self._pending_of(self.assigned_work[node]) == 1:
-            self._assign_work_unit(node) if self.workqueue else node.shutdown()
+            if self.workqueue:
+                self._assign_work_unit(node)
+            else:
+                node.shutdown()
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
