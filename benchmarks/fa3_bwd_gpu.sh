@@ -1,21 +1,38 @@
 #!/usr/bin/env bash
-# One device call (<= 10 min), from the repo root, carrying .whl (gguf: specjax imports it):
-#   TAG=_v2 bash benchmarks/fa3_bwd_gpu.sh
-# The FA3 backward kernels (pallas_kernels/flash_attention_bwd.py): main() at hd 128 / 64 for the default
-# config and a few others (error against the float32 reference, per-kernel CUPTI times, TFLOPS, wall clock),
-# the backward table (bench_fa3_bwd.py, also into $OUT), one compute-sanitizer racecheck run, then (RUN_TESTS=1)
-# the GPU tests. Everything but the table goes to $OUT/fa3_bwd_log.txt.
+# One device call (<= 10 min), from the repo root, carrying .whl (gguf: specjax imports it; pytest-xdist and
+# execnet for TESTS_FIRST's -n 4):
+#   TAG=_v2 bash benchmarks/fa3_bwd_gpu.sh                  # v1's table call, as it ran
+#   TESTS_FIRST=1 MAIN=q128 RACE=0 TAG=_h100q128 BENCH_ARGS="--blocked-max 0 --variant q128:block_q_dkv=128 \
+#     --variant dq128:block_kv_dq=128 --variant both:block_q_dkv=128,block_kv_dq=128" bash benchmarks/fa3_bwd_gpu.sh
+#                                                            # v2's first call (128-row dK/dV steps at hd 64)
+#   TESTS_FIRST=1 TESTS_S=90 TESTS_K=custom_vjp MAIN=none TAG=_v2 BENCH_ARGS="--blocked-max 0 \
+#     --variant v1:block_q_dkv=64,block_kv_dq=64" bash benchmarks/fa3_bwd_gpu.sh   # v2's table, hd 64's pick taken
+# The FA3 backward kernels (pallas_kernels/flash_attention_bwd.py): (TESTS_FIRST=1) the backward's GPU tests, 4
+# workers; main() at hd 128 / 64 for the default config and a few others (MAIN=all; MAIN=q128: hd 64 with 64- and
+# 128-row dK/dV steps) (error against the float32 reference, per-kernel CUPTI times, TFLOPS, wall clock), the
+# backward table (bench_fa3_bwd.py, also into $OUT), one compute-sanitizer racecheck run (RACE=1), then
+# (RUN_TESTS=1) the GPU tests in one process. Everything but the table goes to $OUT/fa3_bwd_log.txt.
 set -uo pipefail
 source benchmarks/device_lib.sh  # probe_setup, step
 probe_setup /tmp/fa3bwd_out fa3_bwd_log.txt
+if [ "${TESTS_FIRST:-0}" = 1 ]; then
+  step gpu_tests "${TESTS_S:-200}" 25 env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -m gpu \
+    tests/test_flash_attention_bwd.py -q -rfEs -p no:cacheprovider --tb=short -n 4 -k "${TESTS_K:-}"
+fi
 main="python3 -m pallas_kernels.flash_attention_bwd"
-step main128 60 4 $main --seq 4096 --head-dim 128
-step main128_s3 40 3 $main --seq 4096 --head-dim 128 --stages-dkv 3
-step main128_kv128 40 3 $main --seq 4096 --head-dim 128 --block-kv-dq 128
-step main64 40 3 $main --seq 4096 --head-dim 64
-step main64_kv128 40 3 $main --seq 4096 --head-dim 64 --block-kv-dq 128
+if [ "${MAIN:-all}" = all ]; then
+  step main128 60 4 $main --seq 4096 --head-dim 128
+  step main128_s3 40 3 $main --seq 4096 --head-dim 128 --stages-dkv 3
+  step main128_kv128 40 3 $main --seq 4096 --head-dim 128 --block-kv-dq 128
+  step main64 40 3 $main --seq 4096 --head-dim 64
+  step main64_kv128 40 3 $main --seq 4096 --head-dim 64 --block-kv-dq 128
+elif [ "$MAIN" = q128 ]; then
+  step main64 40 3 $main --seq 4096 --head-dim 64
+  step main64_q128 40 3 $main --seq 4096 --head-dim 64 --block-q-dkv 128
+  step main64_q128_kv128 40 3 $main --seq 4096 --head-dim 64 --block-q-dkv 128 --block-kv-dq 128
+fi
 step bench "${BENCH_S:-330}" 45 python3 benchmarks/bench_fa3_bwd.py ${BENCH_ARGS:-} --tag "${TAG:-}"
-step race 140 4 compute-sanitizer --tool racecheck $main --small
+[ "${RACE:-1}" = 1 ] && step race 140 4 compute-sanitizer --tool racecheck $main --small
 if [ "${RUN_TESTS:-0}" = 1 ]; then
   step gpu_tests "${TESTS_S:-260}" 25 python3 -m pytest -m gpu tests/test_flash_attention_bwd.py -q -rfEs \
     -p no:cacheprovider --tb=short -k "${TESTS_K:-}"

@@ -7,11 +7,12 @@ FA2's split into two kernels (as JAX's ``attention_mgpu`` backward): each recomp
 needs atomics or a float32 dQ buffer in GMEM.
 
   * dK/dV kernel, one CTA per (kv head g, batch b, ``2 * block_kv`` keys). wg 2, the producer
-    (40 registers), streams through a ring of ``stages_dkv`` SMEM slots the Q and dO blocks and the
-    ``(lse * log2 e, delta, k_end)`` rows of every (query head r of g's group, q block) pair whose rows
-    see any of the CTA's keys (the q-block range comes from XLA, so a causal CTA skips the blocks
-    above the diagonal). wg 0 and wg 1 (232 registers) own ``block_kv`` keys each, K and V in SMEM,
-    dK and dV accumulating in registers over the steps:
+    (40 registers), streams through a ring of ``stages_dkv`` SMEM slots the Q and dO blocks of
+    ``block_q_dkv`` rows (64; or 128 at head dim 64, whose steps are otherwise four 64 x 64 x 64
+    wgmmas) and the ``(lse * log2 e, delta, k_end)`` rows of every (query head r of g's group, q
+    block) pair whose rows see any of the CTA's keys (the q-block range comes from XLA, so a causal
+    CTA skips the blocks above the diagonal). wg 0 and wg 1 (232 registers) own ``block_kv`` keys
+    each, K and V in SMEM, dK and dV accumulating in registers over the steps:
       S^T = K Q^T (SMEM x SMEM), P^T = exp2(S^T * c - lse2) masked by k_end,
       dV += P^T dO and dP^T = V dO^T (issued together), dS^T = P^T * (dP^T - delta), dK += dS^T Q
     (P^T and dS^T are register A operands). GQA needs no reduction afterwards: a CTA runs all the
@@ -59,12 +60,13 @@ HEAD_DIMS = (64, 128)
 
 @dataclasses.dataclass(frozen=True)
 class BwdConfig:
-    """Block sizes of the backward kernels. dK/dV: each consumer owns 64 keys, a step is 64 query
-    rows of one head, ``stages_dkv`` steps in flight. dQ: each consumer owns 64 rows, a step is
-    ``block_kv_dq`` keys, ``stages_dq`` in flight. ``interpretable`` stages the register A operands
-    (P^T, dS^T, dS) in SMEM and accumulates wgmma into fresh zeros, which the Mosaic GPU interpreter
-    can run."""
+    """Block sizes of the backward kernels. dK/dV: each consumer owns 64 keys, a step is
+    ``block_q_dkv`` query rows of one head, ``stages_dkv`` steps in flight. dQ: each consumer owns 64
+    rows, a step is ``block_kv_dq`` keys, ``stages_dq`` in flight. ``interpretable`` stages the
+    register A operands (P^T, dS^T, dS) in SMEM and accumulates wgmma into fresh zeros, which the
+    Mosaic GPU interpreter can run. ``default_bwd_config`` gives the tuned blocks per head dim."""
     block_kv_dq: int = 64
+    block_q_dkv: int = 64
     stages_dkv: int = 2
     stages_dq: int = 2
     interpretable: bool = False
@@ -74,6 +76,9 @@ class BwdConfig:
             raise ValueError(f"block_kv_dq must be 64 or 128 (dQ += dS K reads K in 64-key swizzle groups; "
                              f"S and dP of 128 keys already take 128 of a consumer's registers), "
                              f"got {self.block_kv_dq!r}")
+        if self.block_q_dkv not in (64, 128):
+            raise ValueError(f"block_q_dkv must be 64 or 128 (query rows per dK/dV step: the N of S^T = K Q^T), "
+                             f"got {self.block_q_dkv!r}")
         for name in ("stages_dkv", "stages_dq"):
             n = getattr(self, name)
             if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 4:
@@ -85,10 +90,10 @@ class BwdConfig:
         """(dK/dV kernel, dQ kernel) shared memory as Mosaic GPU allocates it: each buffer rounded up
         to 1 KiB, 8 bytes per barrier."""
         align = lambda n: -(-n // 1024) * 1024
-        tile = _BLOCK * head_dim * itemsize
-        staged = 2 * _BLOCK * _BLOCK * itemsize if self.interpretable else 0
-        dkv = (align(4 * tile) + align(self.stages_dkv * 2 * tile) + align(self.stages_dkv * 3 * _BLOCK * 4)
-               + 2 * align(staged) + 8 * (4 + 4 * self.stages_dkv))
+        tile, bq = _BLOCK * head_dim * itemsize, self.block_q_dkv
+        staged = 2 * _BLOCK * bq * itemsize if self.interpretable else 0
+        dkv = (align(2 * tile) * 2 + 2 * align(self.stages_dkv * bq * head_dim * itemsize)
+               + align(self.stages_dkv * 3 * bq * 4) + 2 * align(staged) + 8 * (4 + 4 * self.stages_dkv))
         kv = self.stages_dq * self.block_kv_dq * head_dim * itemsize
         staged = 2 * _BLOCK * self.block_kv_dq * itemsize if self.interpretable else 0
         dq = align(4 * tile) + 2 * align(kv) + align(staged) + 8 * (4 + 3 * self.stages_dq)
@@ -98,11 +103,28 @@ class BwdConfig:
         if head_dim not in HEAD_DIMS:
             raise ValueError(f"the backward kernels take head dims {HEAD_DIMS}, got {head_dim} (at 256 the "
                              f"dK and dV accumulators exceed a consumer's registers: use the blocked backward)")
+        if self.block_q_dkv > _BLOCK and head_dim > 64:
+            raise ValueError(f"{self}: block_q_dkv={self.block_q_dkv} is for head dim 64; at {head_dim} a dK/dV "
+                             f"consumer's S^T and dP^T of {self.block_q_dkv} rows beside its dK and dV "
+                             f"accumulators would need {2 * _BLOCK * (self.block_q_dkv + head_dim) // 128} "
+                             f"float32 registers a thread (it has {_REGS} in all)")
         for name, need in zip(("dK/dV", "dQ"), self.smem_bytes(head_dim, itemsize)):
             if need > _SMEM_LIMIT:
                 raise ValueError(f"{self}: the {name} kernel needs {need} bytes of shared memory at head dim "
                                  f"{head_dim}, more than the {_SMEM_LIMIT} a Hopper CTA has: use fewer stages "
                                  f"or block_kv_dq=64")
+
+
+# The blocks per head dim (pallas_kernels/NOTES.md "Backward v2"; two H100 tables, results/fa3_bwd_h100_2026-12-07_*):
+# at hd 64, 128-row dK/dV steps with 128-key dQ steps were 6-15 % faster than 64 / 64 on every row; at hd 128,
+# 128-key dQ steps alone were level (-1.5 to +3.7 %) and 128-row dK/dV steps do not fit a consumer's registers.
+BWD_TUNED = {64: dict(block_q_dkv=128, block_kv_dq=128), 128: {}}
+
+
+def default_bwd_config(head_dim: int, interpretable: bool = False) -> BwdConfig:
+    """The tuned backward blocks for this head dim (``BWD_TUNED``; untuned head dims get the base
+    blocks, which ``check_head_dim`` then judges)."""
+    return BwdConfig(interpretable=interpretable, **BWD_TUNED.get(head_dim, {}))
 
 
 # ---------------------------------------------------------------- pieces of both kernels
@@ -140,13 +162,12 @@ def _zeros(shape):
 # ---------------------------------------------------------------- dK / dV
 def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, qlo_ref, qhi_ref, dk_ref, dv_ref, scoped, *,
                 cfg: BwdConfig, n_rep: int, scale_log2: float, scale: float):
-    bq = bkv = _BLOCK
-    stages = cfg.stages_dkv
+    bq, bkv, stages = cfg.block_q_dkv, _BLOCK, cfg.stages_dkv
     (k_tiles, v_tiles, q_smem, do_smem, st_smem, pt_smem, dst_smem), (kv_ready, q_ready, do_ready, st_ready), \
         free = scoped
     gi, bi, ti, wg = (lax.axis_index(n) for n in ("kv_heads", "batch", "kv_tiles", "wg"))
     qlo, n_q = qlo_ref[bi, ti], qhi_ref[bi, ti] - qlo_ref[bi, ti]
-    n_steps = n_rep * n_q                 # step i: query head gi * n_rep + i // n_q, q block qlo + i % n_q
+    n_steps = n_rep * n_q                 # step i: query head gi * n_rep + i // n_q, q block qlo + i % n_q (bq rows)
     head_block = lambda i: (gi * n_rep + lax.div(i, n_q), qlo + lax.rem(i, n_q))
 
     @pl.when(wg < 2)
@@ -287,10 +308,11 @@ def _call(body, out_type, grid, names, scratch, ready, stages: int):
 
 def _build_dkv(B, H, Sk, G, d, dtype, cfg: BwdConfig, scale: float):
     """``dkv(q, k, v, do, stats, qlo, qhi) -> (dk, dv)`` [B, Sk, G, d]."""
-    stages, tile = cfg.stages_dkv, _smem_tiled((cfg.stages_dkv, _BLOCK, d), dtype)
-    staged = _smem_tiled((2, _BLOCK, _BLOCK), dtype) if cfg.interpretable else None
+    stages, bq = cfg.stages_dkv, cfg.block_q_dkv
+    tile = _smem_tiled((stages, bq, d), dtype)   # the ring of Q and dO blocks
+    staged = _smem_tiled((2, _BLOCK, bq), dtype) if cfg.interpretable else None
     own = _smem_tiled((2, _BLOCK, d), dtype)   # each consumer's K or V tile
-    scratch = (own, own, tile, tile, plgpu.SMEM((stages, 3, _BLOCK), jnp.float32), staged, staged)
+    scratch = (own, own, tile, tile, plgpu.SMEM((stages, 3, bq), jnp.float32), staged, staged)
     body = functools.partial(_dkv_kernel, cfg=cfg, n_rep=H // G, scale_log2=scale * _LOG2E, scale=scale)
     out = jax.ShapeDtypeStruct((B, Sk, G, d), dtype)
     return _call(body, (out, out), (G, B, pl.cdiv(Sk, 2 * _BLOCK)), ("kv_heads", "batch", "kv_tiles"),
@@ -310,11 +332,11 @@ def _build_dq(B, Tq, H, Sk, G, d, dtype, cfg: BwdConfig, scale: float):
                  scratch, (4, stages, stages), stages)
 
 
-def _q_block_ranges(kend_BTp, n_kv_tiles: int):
-    """``(qlo, qhi)`` [B, n_kv_tiles]: the 64-row q blocks from the first to the last whose rows
-    see any key of the kv tile (its keys start at ``128 * tile``, and a row sees keys ``< k_end``)."""
+def _q_block_ranges(kend_BTp, n_kv_tiles: int, block_q: int = _BLOCK):
+    """``(qlo, qhi)`` [B, n_kv_tiles]: the ``block_q``-row q blocks from the first to the last whose
+    rows see any key of the kv tile (its keys start at ``128 * tile``, and a row sees keys ``< k_end``)."""
     B, Tp = kend_BTp.shape
-    kmax_BN = kend_BTp.reshape(B, Tp // _BLOCK, _BLOCK).max(-1)
+    kmax_BN = kend_BTp.reshape(B, Tp // block_q, block_q).max(-1)
     sees = kmax_BN[:, None, :] > (2 * _BLOCK * jnp.arange(n_kv_tiles, dtype=jnp.int32))[None, :, None]
     n = sees.shape[-1]
     qlo, qhi = jnp.argmax(sees, -1), n - jnp.argmax(sees[..., ::-1], -1)
@@ -333,7 +355,7 @@ def flash_attention_bwd(q_BTHd, k_BSGd, v_BSGd, o_BTHd, lse_BHT, do_BTHd, kend_B
     if o_BTHd.shape != q_BTHd.shape or do_BTHd.shape != q_BTHd.shape or lse_BHT.shape != (B, H, T):
         raise ValueError(f"expected o and do of q's shape {q_BTHd.shape} and lse [B,H,T] = {(B, H, T)}; got "
                          f"o {o_BTHd.shape}, do {do_BTHd.shape}, lse {lse_BHT.shape}")
-    cfg = config or BwdConfig()
+    cfg = config or default_bwd_config(d)
     cfg.check_head_dim(d, jnp.dtype(q_BTHd.dtype).itemsize)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     rows, f32 = 2 * _BLOCK, jnp.float32
@@ -352,7 +374,7 @@ def flash_attention_bwd(q_BTHd, k_BSGd, v_BSGd, o_BTHd, lse_BHT, do_BTHd, kend_B
     lse2 = jnp.where(jnp.isfinite(lse_BHT), lse_BHT * _LOG2E, 0.0)   # rows that saw no key: p masked to 0
     stats = jnp.stack([lse2, delta, jnp.broadcast_to(kend[:, None, :T].astype(f32), (B, H, T))], axis=2)
     stats = jnp.pad(stats, ((0, 0), (0, 0), (0, 0), (0, Tp - T)))     # [B, H, (lse2, delta, k_end), Tp]
-    qlo, qhi = _q_block_ranges(kend, pl.cdiv(Sk, rows))
+    qlo, qhi = _q_block_ranges(kend, pl.cdiv(Sk, rows), cfg.block_q_dkv)
     dk, dv = _build_dkv(B, H, Sk, G, d, q.dtype, cfg, scale)(q, k, v, do, stats, qlo, qhi)
     dq = _build_dq(B, Tq, H, Sk, G, d, q.dtype, cfg, scale)(q, k, v, do, stats, kend, kmin, kmax)
     return dq[:, :T], dk[:, :S], dv[:, :S]
@@ -375,13 +397,16 @@ def main(argv=None) -> None:
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--block-kv-dq", type=int, default=64)
-    ap.add_argument("--stages-dkv", type=int, default=2)
-    ap.add_argument("--stages-dq", type=int, default=2)
+    ap.add_argument("--block-kv-dq", type=int, help="default: default_bwd_config's")
+    ap.add_argument("--block-q-dkv", type=int, help="default: default_bwd_config's")
+    ap.add_argument("--stages-dkv", type=int, help="default: default_bwd_config's")
+    ap.add_argument("--stages-dq", type=int, help="default: default_bwd_config's")
     ap.add_argument("--no-check", action="store_true", help="skip the float32 reference (e.g. under racecheck)")
     a = ap.parse_args(argv)
-    cfg = BwdConfig(block_kv_dq=a.block_kv_dq, stages_dkv=a.stages_dkv, stages_dq=a.stages_dq)
     B, S, d = (1, 300, 64) if a.small else (16384 // a.seq, a.seq, a.head_dim)
+    given = {f: getattr(a, f) for f in ("block_kv_dq", "block_q_dkv", "stages_dkv", "stages_dq")
+             if getattr(a, f) is not None}
+    cfg = dataclasses.replace(default_bwd_config(d), **given)
     H = 2 if a.small else 2048 // d
     q, k, v, do = (jax.random.normal(kk, (B, S, H, d), jnp.bfloat16) for kk in jax.random.split(jax.random.key(0), 4))
     kend = key_end(B, S, S, causal="top_left" if a.causal else "none")

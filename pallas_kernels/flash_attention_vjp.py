@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels.flash_attention import STATIC_MASKS, TuningConfig, flash_attention_fwd, key_end
-from pallas_kernels.flash_attention_bwd import HEAD_DIMS, BwdConfig, flash_attention_bwd
+from pallas_kernels.flash_attention_bwd import HEAD_DIMS, default_bwd_config, flash_attention_bwd
 
 
 def attention_bwd_blocked(q_BTHd, k_BSGd, v_BSGd, o_BTHd, lse_BHT, do_BTHd, kend_BT, *,
@@ -73,7 +73,7 @@ def _fwd(q, k, v, kend, scale, config):
 def _grads(q, k, v, o, lse, do, kend, scale, config):
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if q.shape[-1] in HEAD_DIMS:  # the kernels; interpretable where the forward's config is
-        bwd_config = BwdConfig(interpretable=bool(config and config.interpretable))
+        bwd_config = default_bwd_config(q.shape[-1], interpretable=bool(config and config.interpretable))
         return flash_attention_bwd(q, k, v, o, lse, do, kend, scale=scale, config=bwd_config)
     return attention_bwd_blocked(q, k, v, o, lse, do, kend, scale=scale)
 

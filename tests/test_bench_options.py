@@ -1,5 +1,6 @@
-"""The benchmark's options: ``--head LABEL=FOLDER`` (the drafting method comes from the folder's config.json) and
-``--draft-vocab LABEL=full|eagle3|IDS.npy`` (the shipped draft model over its whole LM head or a cut one)."""
+"""The benchmarks' options: ``--head LABEL=FOLDER`` (the drafting method comes from the folder's config.json),
+``--draft-vocab LABEL=full|eagle3|IDS.npy`` (the shipped draft model over its whole LM head or a cut one), and the FA3
+backward table's ``--variant NAME:FIELD=V,...``."""
 
 import argparse
 import json
@@ -26,6 +27,17 @@ def test_head_option_refuses_a_folder_of_no_known_kind(tmp_path):
         bench_speculative.head_option(f"x={tmp_path}")
     with pytest.raises(argparse.ArgumentTypeError, match="LABEL=FOLDER"):
         bench_speculative.head_option(str(tmp_path))
+
+
+def test_bwd_variant_option_reads_backward_configs():
+    import bench_fa3_bwd
+    from pallas_kernels.flash_attention_bwd import BwdConfig
+    assert bench_fa3_bwd.parse_variant("v1:block_q_dkv=64,block_kv_dq=64") == (
+        "v1", BwdConfig(block_q_dkv=64, block_kv_dq=64))
+    for bad, why in (("q128", "NAME:FIELD=VALUE"), ("x:blocks=2", "not FIELD=INT"), ("x:stages_dq=a", "not FIELD=INT"),
+                     ("x:block_q_dkv=96", "block_q_dkv must be 64 or 128")):
+        with pytest.raises(ValueError, match=why):
+            bench_fa3_bwd.parse_variant(bad)
 
 
 @pytest.mark.assets

@@ -11,8 +11,8 @@ import pytest
 from jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call import get_races
 
 from pallas_kernels.flash_attention import TuningConfig, default_config, flash_attention_fwd, key_end
-from pallas_kernels.flash_attention_bwd import (BwdConfig, _q_block_ranges, flash_attention_bwd,
-                                                flash_attention_bwd_reference)
+from pallas_kernels.flash_attention_bwd import (BWD_TUNED, HEAD_DIMS, BwdConfig, _q_block_ranges, default_bwd_config,
+                                                flash_attention_bwd, flash_attention_bwd_reference)
 from pallas_kernels.flash_attention_vjp import attention_bwd_blocked, flash_attention
 
 INTERP = BwdConfig(interpretable=True)
@@ -68,19 +68,23 @@ def _run(shape, mode, cfg, dtype=jnp.bfloat16, fwd_cfg=None, seed=3, interpret=T
     ("top_left", (1, 200, 2, 200, 1, 128), BwdConfig(interpretable=True, block_kv_dq=128)),
     ("bottom_right", (2, 77, 4, 301, 2, 64), INTERP),                         # GQA, odd lengths
     ("positions", (1, 150, 3, 190, 1, 64), BwdConfig(interpretable=True, stages_dkv=1, stages_dq=3)),
-    ("padded", (2, 140, 2, 260, 2, 64), INTERP),                              # rows that see nothing
+    ("padded", (2, 140, 2, 260, 2, 64), BwdConfig(interpretable=True, block_q_dkv=128, stages_dkv=1,
+                                                  block_kv_dq=128)),             # rows that see nothing
     ("none", (1, 5, 2, 9, 1, 64), INTERP),                                    # shorter than one block
+    ("top_left", (1, 300, 2, 300, 1, 64), BwdConfig(interpretable=True, block_q_dkv=128)),  # 128-row dK/dV steps
 ])
 def test_interpreter_matches_grad_of_reference(mode, shape, cfg):
-    """Tiles of one to four steps in both kernels, ring depths 1 to 3, every mask: against autodiff of
-    the float32 reference, and against the blocked pure-JAX backward on the same O and LSE."""
+    """Tiles of one to four steps in both kernels, ring depths 1 to 3, dK/dV steps of 64 and 128 query
+    rows, every mask: against autodiff of the float32 reference, and against the blocked pure-JAX
+    backward on the same O and LSE."""
     (q, k, v, do, kend, o, lse), got = _run(shape, mode, cfg)
     _check_grads(got, flash_attention_bwd_reference(q, k, v, do, kend), tol=1e-2)
     blocked = attention_bwd_blocked(q, k, v, o, lse, do, kend, scale=1 / np.sqrt(shape[-1]))
     _check_grads(got, [b.astype(jnp.float32) for b in blocked], tol=1e-2)
 
 
-def test_interpreter_finds_no_races():
+@pytest.mark.parametrize("cfg", [INTERP, default_bwd_config(64, interpretable=True)], ids=["q64-64", "q128-128"])
+def test_interpreter_finds_no_races(cfg):
     shape = (1, 130, 2, 200, 1, 64)
     B, T, H, S, G, d = shape
     q, k, v, do = _inputs(5, *shape, jnp.float16)
@@ -88,7 +92,7 @@ def test_interpreter_finds_no_races():
     with plgpu.force_gpu_interpret_mode():
         o, lse = flash_attention_fwd(q, k, v, kend, config=FWD_INTERP)
     with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams(detect_races=True)):
-        got = flash_attention_bwd(q, k, v, o, lse, do, kend, config=INTERP)
+        got = flash_attention_bwd(q, k, v, o, lse, do, kend, config=cfg)
         assert not get_races().races_found
     _check_grads(got, flash_attention_bwd_reference(q, k, v, do, kend), tol=2e-3)
 
@@ -112,20 +116,30 @@ def test_q_block_ranges_cover_exactly_the_blocks_that_see_the_tile():
     kend = jnp.stack([key_end(1, T, S, causal="top_left")[0],
                       key_end(1, T, S, causal="none")[0],
                       key_end(1, T, S, causal="bottom_right", kv_lens_B=[300], q_lens_B=[200])[0]])
-    qlo, qhi = map(np.asarray, _q_block_ranges(kend, 4))
-    sees = np.asarray(kend).reshape(B, T // 64, 64).max(-1)[:, None, :] > 128 * np.arange(4)[None, :, None]
-    for b, t in itertools.product(range(B), range(4)):
-        idx = np.flatnonzero(sees[b, t])
-        assert (qlo[b, t], qhi[b, t]) == ((idx[0], idx[-1] + 1) if idx.size else (0, 0)), (b, t)
-    assert list(qlo[0]) == [0, 2, 4, 6] and list(qhi[0]) == [7] * 4   # causal: the diagonal onwards
-    assert list(qhi[2]) == [4, 4, 4, 0]   # rows past q_len 200 (block 4 on) see nothing; keys >= 300 unseen
+    for block_q in (64, 128):
+        kend_p = jnp.pad(kend, ((0, 0), (0, -T % block_q)))   # padded rows see nothing, as in the entry
+        qlo, qhi = map(np.asarray, _q_block_ranges(kend_p, 4, block_q))
+        sees = (np.asarray(kend_p).reshape(B, -1, block_q).max(-1)[:, None, :]
+                > 128 * np.arange(4)[None, :, None])
+        for b, t in itertools.product(range(B), range(4)):
+            idx = np.flatnonzero(sees[b, t])
+            assert (qlo[b, t], qhi[b, t]) == ((idx[0], idx[-1] + 1) if idx.size else (0, 0)), (b, t, block_q)
+        if block_q == 64:
+            assert list(qlo[0]) == [0, 2, 4, 6] and list(qhi[0]) == [7] * 4   # causal: the diagonal onwards
+            assert list(qhi[2]) == [4, 4, 4, 0]   # rows past q_len 200 (block 4 on) see nothing; keys >= 300 unseen
+        else:
+            assert list(qlo[0]) == [0, 1, 2, 3] and list(qhi[0]) == [4] * 4
+            assert list(qhi[2]) == [2, 2, 2, 0]
 
 
 # ---------------------------------------------------------------- CPU: lowering for CUDA, validation
 @pytest.mark.parametrize("d,dtype,cfg", [
     pytest.param(d, dt, c, id=f"hd{d}-{dt}-{c.block_kv_dq}-{c.stages_dkv}{c.stages_dq}")
     for d, dt, c in itertools.product((64, 128), ("bfloat16", "float16"),
-                                      (BwdConfig(), BwdConfig(block_kv_dq=128), BwdConfig(stages_dkv=3, stages_dq=1)))])
+                                      (BwdConfig(), BwdConfig(block_kv_dq=128), BwdConfig(stages_dkv=3, stages_dq=1)))]
+    + [pytest.param(64, dt, c, id=f"hd64-{dt}-q{c.block_q_dkv}-{c.block_kv_dq}-{c.stages_dkv}{c.stages_dq}")
+       for dt in ("bfloat16", "float16")
+       for c in (BwdConfig(block_q_dkv=128), BwdConfig(block_q_dkv=128, block_kv_dq=128, stages_dkv=3))])
 def test_lowers_for_cuda(d, dtype, cfg):
     """Both kernels lower for CUDA on this host (shared memory, layouts, dtypes), GQA and odd lengths."""
     B, T, H, S, G = 2, 1000, 8, 777, 2
@@ -138,7 +152,9 @@ def test_lowers_for_cuda(d, dtype, cfg):
 
 
 @pytest.mark.parametrize("d,cfg", [(64, BwdConfig()), (128, BwdConfig(block_kv_dq=128, stages_dkv=3)),
-                                   (128, BwdConfig(interpretable=True, stages_dq=1))])
+                                   (128, BwdConfig(interpretable=True, stages_dq=1)),
+                                   (64, BwdConfig(block_q_dkv=128, stages_dkv=3)),
+                                   (64, BwdConfig(interpretable=True, block_q_dkv=128))])
 def test_smem_bytes_is_what_mosaic_allocates(d, cfg):
     """``smem_bytes`` (behind ``check_head_dim``'s error) equals Mosaic GPU's own count for both kernels:
     lowering under a limit one byte below it fails and names exactly that many bytes."""
@@ -155,6 +171,15 @@ def test_smem_bytes_is_what_mosaic_allocates(d, cfg):
         assert f"smem_bytes={want} " in str(err.value), str(err.value)
 
 
+def test_default_bwd_config_follows_the_tuned_table():
+    assert set(BWD_TUNED) == set(HEAD_DIMS)
+    assert default_bwd_config(64) == BwdConfig(block_q_dkv=128, block_kv_dq=128)
+    assert default_bwd_config(128) == BwdConfig()
+    assert default_bwd_config(64, interpretable=True) == BwdConfig(block_q_dkv=128, block_kv_dq=128, interpretable=True)
+    for d in HEAD_DIMS:   # every pick fits its head dim's registers and shared memory
+        default_bwd_config(d).check_head_dim(d)
+
+
 def test_config_and_input_validation():
     with pytest.raises(ValueError, match="block_kv_dq"):
         BwdConfig(block_kv_dq=96)
@@ -166,6 +191,10 @@ def test_config_and_input_validation():
         BwdConfig().check_head_dim(256)
     with pytest.raises(ValueError, match="shared memory"):
         BwdConfig(block_kv_dq=128, stages_dq=4).check_head_dim(128)
+    with pytest.raises(ValueError, match="block_q_dkv"):
+        BwdConfig(block_q_dkv=96)
+    with pytest.raises(ValueError, match="256 float32 registers"):
+        BwdConfig(block_q_dkv=128).check_head_dim(128)
     q, k, v, do = _inputs(0, 1, 64, 2, 64, 1, 64, jnp.bfloat16)
     kend = key_end(1, 64, 64)
     with pytest.raises(ValueError, match="lse"):
@@ -187,12 +216,14 @@ MODES = ("none", "top_left", "bottom_right", "positions", "padded")
 GPU_CASES = ([("bfloat16" if i % 2 else "float16", hd, mode, BwdConfig()) for hd in (64, 128) for i in (0, 1)
               for mode in MODES]
              + [("bfloat16", hd, mode, c) for hd in (64, 128) for mode in ("top_left", "padded")
-                for c in (BwdConfig(block_kv_dq=128), BwdConfig(stages_dkv=3, stages_dq=1))])
+                for c in (BwdConfig(block_kv_dq=128), BwdConfig(stages_dkv=3, stages_dq=1))]
+             + [(dtype, 64, mode, c) for dtype in ("bfloat16", "float16") for mode in MODES
+                for c in (BwdConfig(block_q_dkv=128), BwdConfig(block_q_dkv=128, block_kv_dq=128))])
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype,hd,mode,cfg", GPU_CASES,
-                         ids=lambda x: f"{x.block_kv_dq}-{x.stages_dkv}{x.stages_dq}" if isinstance(x, BwdConfig) else None)
+@pytest.mark.parametrize("dtype,hd,mode,cfg", GPU_CASES, ids=lambda x: (
+    f"q{x.block_q_dkv}-{x.block_kv_dq}-{x.stages_dkv}{x.stages_dq}" if isinstance(x, BwdConfig) else None))
 def test_gpu_matches_float32_reference(dtype, hd, mode, cfg):
     """Register A operands (the interpreter's staged SMEM form is not this code): GQA, odd lengths,
     every mask, outputs poisoned first, against autodiff of the float32 reference."""
