@@ -83,7 +83,7 @@ def test_interpreter_matches_grad_of_reference(mode, shape, cfg):
     _check_grads(got, [b.astype(jnp.float32) for b in blocked], tol=1e-2)
 
 
-@pytest.mark.parametrize("cfg", [INTERP, default_bwd_config(64, interpretable=True)], ids=["q64-64", "q128-128"])
+@pytest.mark.parametrize("cfg", [INTERP, default_bwd_config(64, interpretable=True)], ids=["q64-64", "hd64-default"])
 def test_interpreter_finds_no_races(cfg):
     shape = (1, 130, 2, 200, 1, 64)
     B, T, H, S, G, d = shape
