@@ -2,16 +2,17 @@
 # One device call (<= 10 min), from the repo root, carrying .whl (gguf: specjax imports it; pytest-xdist and
 # execnet for TESTS_FIRST's -n 4):
 #   TAG=_v2 bash benchmarks/fa3_bwd_gpu.sh                  # v1's table call, as it ran
-#   TESTS_FIRST=1 MAIN=q128 RACE=0 TAG=_h100q128 BENCH_ARGS="--blocked-max 0 --variant q128:block_q_dkv=128 \
-#     --variant dq128:block_kv_dq=128 --variant both:block_q_dkv=128,block_kv_dq=128" bash benchmarks/fa3_bwd_gpu.sh
-#                                                            # v2's first call (128-row dK/dV steps at hd 64)
+#   TESTS_FIRST=1 TESTS_S=150 MAIN=q128 RACE=0 TAG=_q128 BENCH_S=300 BENCH_ARGS="--blocked-max 0 \
+#     --variant q128:block_q_dkv=128 --variant dq128:block_kv_dq=128 --variant both:block_q_dkv=128,block_kv_dq=128" \
+#     bash benchmarks/fa3_bwd_gpu.sh                         # v2's first call (128-row dK/dV steps at hd 64), as it ran
 #   TESTS_FIRST=1 TESTS_S=90 TESTS_K=custom_vjp MAIN=none TAG=_v2 BENCH_ARGS="--blocked-max 0 \
 #     --variant v1:block_q_dkv=64,block_kv_dq=64" bash benchmarks/fa3_bwd_gpu.sh   # v2's table, hd 64's pick taken
 # The FA3 backward kernels (pallas_kernels/flash_attention_bwd.py): (TESTS_FIRST=1) the backward's GPU tests, 4
-# workers; main() at hd 128 / 64 for the default config and a few others (MAIN=all; MAIN=q128: hd 64 with 64- and
-# 128-row dK/dV steps) (error against the float32 reference, per-kernel CUPTI times, TFLOPS, wall clock), the
-# backward table (bench_fa3_bwd.py, also into $OUT), one compute-sanitizer racecheck run (RACE=1), then
-# (RUN_TESTS=1) the GPU tests in one process. Everything but the table goes to $OUT/fa3_bwd_log.txt.
+# workers; main() (error against the float32 reference, per-kernel CUPTI times, TFLOPS, wall clock) at hd 128 / 64
+# for the default config and a few others (MAIN=all; MAIN=q128: hd 64 with 64- and 128-row dK/dV steps; any other
+# value, e.g. MAIN=none: no main() step); the backward table (bench_fa3_bwd.py, also into $OUT); one
+# compute-sanitizer racecheck run (RACE=1); then (RUN_TESTS=1) the GPU tests in one process. Everything but the
+# table goes to $OUT/fa3_bwd_log.txt.
 set -uo pipefail
 source benchmarks/device_lib.sh  # probe_setup, step
 probe_setup /tmp/fa3bwd_out fa3_bwd_log.txt
