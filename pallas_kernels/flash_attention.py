@@ -1308,7 +1308,7 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
         out_type=(jax.ShapeDtypeStruct((B, T, H, d), o_dtype),
                   jax.ShapeDtypeStruct((B, H, n_tiles * cfg.rows), jnp.float32), *parts),
         grid=grid, grid_names=grid_names,
-        num_threads=n_wg + 1, thread_name="wg",
+        num_threads=n_wg + 1, thread_name="wg", kernel_name="fa3_fwd",
         # No cross-warp reductions here (row max / sum stay within a warp's quads): the 2 KiB of SMEM
         # Mosaic GPU reserves for them by default would keep 192-key blocks at hd 128 and a 3-deep
         # ring of 128-key blocks out.
@@ -1461,8 +1461,9 @@ def flash_attention_reference(q_BTHd, k_BSGd, v_BSGd, kend_BT, *, scale: float |
 
 def main(argv=None) -> None:
     """Time one FA3-paper shape (16k tokens, H*d = 2048) or, with --small, run one tiny checked
-    call (what ``compute-sanitizer --tool racecheck`` is pointed at; with ``--schedule persistent
-    --num-ctas 2`` each CTA runs several items)."""
+    call (what benchmarks/fa3_racecheck_gpu.sh points compute-sanitizer at; with ``--schedule persistent
+    --num-ctas 2`` each CTA runs several items). Its racecheck misses races between Mosaic GPU warpgroups
+    (NOTES.md "Race checks"): the interpreter's race tests are the check."""
     import argparse
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true")

@@ -292,9 +292,10 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, kend_ref, kmin_ref, kmax_
 
 
 # ---------------------------------------------------------------- builders and entry
-def _call(body, out_type, grid, names, scratch, ready, stages: int):
+def _call(body, out_type, grid, names, scratch, ready, stages: int, name: str):
     """``plgpu.kernel`` of ``body(*refs, (smem, ready barriers, free))`` on 2 consumers + 1 producer;
-    ``free``: a slot of the ring may be refilled (both consumers arrive)."""
+    ``free``: a slot of the ring may be refilled (both consumers arrive). ``name`` names the CUDA kernel
+    (``{name}_mosaic_gpu_kernel`` in profiles and in compute-sanitizer's ``--kernel-name kns=`` filter)."""
     barriers = tuple(plgpu.Barrier(num_barriers=n) for n in ready)
     free = plgpu.Barrier(num_arrivals=2, num_barriers=stages)
 
@@ -303,6 +304,7 @@ def _call(body, out_type, grid, names, scratch, ready, stages: int):
                       collective_axes="wg")
     # No cross-warp reductions: Mosaic GPU's default 2 KiB reduction scratch is not needed.
     return plgpu.kernel(entry, out_type=out_type, grid=grid, grid_names=names, num_threads=3, thread_name="wg",
+                        kernel_name=name,
                         compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=0))
 
 
@@ -316,7 +318,7 @@ def _build_dkv(B, H, Sk, G, d, dtype, cfg: BwdConfig, scale: float):
     body = functools.partial(_dkv_kernel, cfg=cfg, n_rep=H // G, scale_log2=scale * _LOG2E, scale=scale)
     out = jax.ShapeDtypeStruct((B, Sk, G, d), dtype)
     return _call(body, (out, out), (G, B, pl.cdiv(Sk, 2 * _BLOCK)), ("kv_heads", "batch", "kv_tiles"),
-                 scratch, (4, stages, stages, stages), stages)
+                 scratch, (4, stages, stages, stages), stages, "fa3_bwd_dkv")
 
 
 def _build_dq(B, Tq, H, Sk, G, d, dtype, cfg: BwdConfig, scale: float):
@@ -329,7 +331,7 @@ def _build_dq(B, Tq, H, Sk, G, d, dtype, cfg: BwdConfig, scale: float):
     body = functools.partial(_dq_kernel, cfg=cfg, n_rep=H // G, scale_log2=scale * _LOG2E, scale=scale,
                              n_kv_blocks=pl.cdiv(Sk, bkv), n_tiles=n_tiles)
     return _call(body, jax.ShapeDtypeStruct((B, Tq, H, d), dtype), (H, B, n_tiles), ("heads", "batch", "q_tiles"),
-                 scratch, (4, stages, stages), stages)
+                 scratch, (4, stages, stages), stages, "fa3_bwd_dq")
 
 
 def _q_block_ranges(kend_BTp, n_kv_tiles: int, block_q: int = _BLOCK):
@@ -389,13 +391,14 @@ def flash_attention_bwd_reference(q_BTHd, k_BSGd, v_BSGd, do_BTHd, kend_BT, *, s
 
 def main(argv=None) -> None:
     """Time one FA3-paper shape's backward (16k tokens, H*d = 2048) or, with --small, run one tiny
-    checked call (what ``compute-sanitizer --tool racecheck`` is pointed at)."""
+    checked call (what benchmarks/fa3_racecheck_gpu.sh points compute-sanitizer at; its racecheck misses
+    races between Mosaic GPU warpgroups, NOTES.md "Race checks": the interpreter's race tests are the check)."""
     import argparse
     import numpy as np
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--seq", type=int, default=4096)
-    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--head-dim", type=int, default=None, help="default 128 (64 with --small)")
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--block-kv-dq", type=int, help="default: default_bwd_config's")
     ap.add_argument("--block-q-dkv", type=int, help="default: default_bwd_config's")
@@ -403,7 +406,8 @@ def main(argv=None) -> None:
     ap.add_argument("--stages-dq", type=int, help="default: default_bwd_config's")
     ap.add_argument("--no-check", action="store_true", help="skip the float32 reference (e.g. under racecheck)")
     a = ap.parse_args(argv)
-    B, S, d = (1, 300, 64) if a.small else (16384 // a.seq, a.seq, a.head_dim)
+    d = a.head_dim or (64 if a.small else 128)
+    B, S = (1, 300) if a.small else (16384 // a.seq, a.seq)
     given = {f: getattr(a, f) for f in ("block_kv_dq", "block_q_dkv", "stages_dkv", "stages_dq")
              if getattr(a, f) is not None}
     cfg = dataclasses.replace(default_bwd_config(d), **given)
