@@ -1,8 +1,8 @@
 """FA3-paper attention backward benchmark: specjax's dK/dV + dQ kernels vs cuDNN's backward vs the
 blocked pure-JAX backward (and JAX's ``attention_mgpu`` backward on its fp16 non-causal rows).
 
-Shapes as in the FlashAttention-3 paper: B*S = 16k tokens, H*hd = 2048, S in 512..16k, hd 64 and 128
-(the kernels' head dims), causal and not, bf16 and fp16. TFLOPS = 10*B*S*S*H*hd / t (the backward's
+Shapes as in the FlashAttention-3 paper: B*S = 16k tokens, H*hd = 2048, S in 512..16k, hd 64, 128 and 256
+(``--head-dims``), causal and not, bf16 and fp16. TFLOPS = 10*B*S*S*H*hd / t (the backward's
 five matmuls against the forward's two, the FA2/FA3 papers' count; halved when causal); t = the
 backward alone: each implementation's residuals come from its own forward, run once outside the
 timed call (``jax.vjp``'s function is a pytree, passed to the timed jit as an argument). Timing as
@@ -102,7 +102,7 @@ def _impls(S: int, hd: int, causal: bool, dtype, blocked: bool, variants=()):
             lambda res, do, bcfg=bcfg: flash_attention_bwd(*res, do, kend, scale=hd ** -0.5, config=bcfg))
     if blocked:  # the blocked pure-JAX backward on specjax's forward (the custom_vjp's at hd 256)
         impls["blocked"] = with_backward(lambda res, do: attention_bwd_blocked(*res, do, kend, scale=hd ** -0.5))
-    if dtype == jnp.float16 and not causal:  # its backward has no causal mask
+    if dtype == jnp.float16 and not causal and hd in (64, 128):  # its backward has no causal mask
         from jax.experimental.pallas.ops.gpu import attention_mgpu as am
         mcfg = am.TuningConfig(block_q=64, block_kv={64: 256, 128: 128}[hd], max_concurrent_steps=2,
                                block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
@@ -122,8 +122,10 @@ def main(argv=None) -> None:
                          "backward), or none")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME:FIELD=V[,FIELD=V]",
                     help="also time the backward kernels under BwdConfig(FIELD=V, ...), as column specjax_NAME")
+    ap.add_argument("--head-dims", default="64,128,256", help="comma-separated head dims of the table")
     ap.add_argument("--tag", default="")
     args = ap.parse_args(argv)
+    head_dims = tuple(int(x) for x in args.head_dims.split(","))
     try:
         variants = [parse_variant(v) for v in args.variant]
     except ValueError as e:
@@ -133,9 +135,9 @@ def main(argv=None) -> None:
         sys.exit(f"bench_fa3_bwd.py times CUDA kernels and needs a GPU; JAX runs on {dev.platform}: nothing measured")
     seqs = (1024, 4096, 16384) if args.quick else (512, 1024, 2048, 4096, 8192, 16384)
     rows, key = [], jax.random.key(0)
-    grid = [(S, hd, c, jnp.bfloat16) for hd in (64, 128) for c in (False, True) for S in seqs]
+    grid = [(S, hd, c, jnp.bfloat16) for hd in head_dims for c in (False, True) for S in seqs]
     if not args.quick and args.fp16 != "none":
-        grid += [(S, hd, c, jnp.float16) for hd in (64, 128) for c in (False, True) for S in (1024, 4096, 16384)
+        grid += [(S, hd, c, jnp.float16) for hd in head_dims for c in (False, True) for S in (1024, 4096, 16384)
                  if args.fp16 == "all" or not c]
     for S, hd, causal, dtype in grid:
         shape, forwards = _impls(S, hd, causal, dtype, args.blocked_max > 0, variants)

@@ -7,9 +7,12 @@
 #     bash benchmarks/fa3_bwd_gpu.sh                         # v2's first call (128-row dK/dV steps at hd 64), as it ran
 #   TESTS_FIRST=1 TESTS_S=90 TESTS_K=custom_vjp MAIN=none TAG=_v2 BENCH_ARGS="--blocked-max 0 \
 #     --variant v1:block_q_dkv=64,block_kv_dq=64" bash benchmarks/fa3_bwd_gpu.sh   # v2's table, hd 64's pick taken
+#   TESTS_FIRST=1 TESTS_S=170 TESTS_K="256" MAIN=hd256 RACE=0 TAG=_hd256 BENCH_S=250 \
+#     BENCH_ARGS="--head-dims 256 --blocked-max 16384" bash benchmarks/fa3_bwd_gpu.sh   # hd 256's two dK/dV passes
 # The FA3 backward kernels (pallas_kernels/flash_attention_bwd.py): (TESTS_FIRST=1) the backward's GPU tests, 4
 # workers; main() (error against the float32 reference, per-kernel CUPTI times, TFLOPS, wall clock) at hd 128 / 64
-# for the default config and a few others (MAIN=all; MAIN=q128: hd 64 with 64- and 128-row dK/dV steps; any other
+# for the default config and a few others (MAIN=all; MAIN=q128: hd 64 with 64- and 128-row dK/dV steps; MAIN=hd256:
+# hd 256 non-causal and causal, and ptxas' register / spill report; any other
 # value, e.g. MAIN=none: no main() step); the backward table (bench_fa3_bwd.py, also into $OUT); one
 # compute-sanitizer racecheck run (RACE=1); then (RUN_TESTS=1) the GPU tests in one process. Everything but the
 # table goes to $OUT/fa3_bwd_log.txt.
@@ -27,6 +30,10 @@ if [ "${MAIN:-all}" = all ]; then
   step main128_kv128 40 3 $main --seq 4096 --head-dim 128 --block-kv-dq 128
   step main64 40 3 $main --seq 4096 --head-dim 64
   step main64_kv128 40 3 $main --seq 4096 --head-dim 64 --block-kv-dq 128
+elif [ "$MAIN" = hd256 ]; then   # the two dK/dV passes: per-kernel times, then ptxas' spill report
+  step main256 45 4 $main --seq 4096 --head-dim 256
+  step main256c 45 4 $main --seq 4096 --head-dim 256 --causal
+  step ptxas256 45 12 bash -c "MOSAIC_GPU_DUMP_PTXAS=1 $main --small --head-dim 256 2>&1 | grep -i -E 'spill|registers|fa3_bwd|relative'"
 elif [ "$MAIN" = q128 ]; then
   step main64 40 3 $main --seq 4096 --head-dim 64
   step main64_q128 40 3 $main --seq 4096 --head-dim 64 --block-q-dkv 128

@@ -27,9 +27,9 @@ needs atomics or a float32 dQ buffer in GMEM.
 Masking follows the forward's one rule (key s is visible to row t iff ``s < k_end[b, t]``), so every
 mode of ``flash_attention.key_end`` works, and sequence tails need no divisibility (TMA zero-fills
 loads and drops stores out of bounds; a zero dO row contributes nothing). Rows that saw no key
-(lse = -inf) get dQ = 0 and contribute nothing. Head dims 64 and 128: at 256 a consumer's dK and dV
-accumulators alone (2 x 64 x 256 float32 over 128 threads) would need 256 registers, so
-``flash_attention_vjp`` keeps the blocked pure-JAX backward there. No ping-pong and no
+(lse = -inf) get dQ = 0 and contribute nothing. Head dims 64, 128 and 256. At 256 a consumer's dK and
+dV accumulators together (2 x 64 x 256 float32 over 128 threads) would need 256 registers, so the dK/dV
+kernel runs twice: a dV pass (no V tiles, no dP; a deeper ring, ``stages_dv``), then a dK pass. No ping-pong and no
 intra-warpgroup overlap (the consumers share the tensor cores as the warp schedulers interleave
 them): pallas_kernels/NOTES.md "Backward" has the measurements.
 """
@@ -55,20 +55,24 @@ _ROW = plgpu.Layout.WGMMA.reduce(1)   # one value per row of a [64, n] wgmma til
 _COL = plgpu.Layout.WGMMA.reduce(0)   # one value per column
 _REGS, _PRODUCER_REGS = _REGISTERS[2]  # setmaxnreg of the two consumers and the producer (the forward's)
 _BLOCK = 64                           # rows per consumer warpgroup: one wgmma M tile
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
+_TWO_PASSES = (256,)                  # head dims whose dK and dV come from two dK/dV launches
 
 
 @dataclasses.dataclass(frozen=True)
 class BwdConfig:
     """Block sizes of the backward kernels. dK/dV: each consumer owns 64 keys, a step is
     ``block_q_dkv`` query rows of one head, ``stages_dkv`` steps in flight. dQ: each consumer owns 64
-    rows, a step is ``block_kv_dq`` keys, ``stages_dq`` in flight. ``interpretable`` stages the
-    register A operands (P^T, dS^T, dS) in SMEM and accumulates wgmma into fresh zeros, which the
-    Mosaic GPU interpreter can run. ``default_bwd_config`` gives the tuned blocks per head dim."""
+    rows, a step is ``block_kv_dq`` keys, ``stages_dq`` in flight. Where dK and dV come from two passes
+    (hd 256), ``stages_dv`` is the dV pass's ring (it holds no V tiles, so it fits a deeper one; None:
+    ``stages_dkv``). ``interpretable`` stages the register A operands (P^T, dS^T, dS) in SMEM and
+    accumulates wgmma into fresh zeros, which the Mosaic GPU interpreter can run. ``default_bwd_config``
+    gives the tuned blocks per head dim."""
     block_kv_dq: int = 64
     block_q_dkv: int = 64
     stages_dkv: int = 2
     stages_dq: int = 2
+    stages_dv: int | None = None
     interpretable: bool = False
 
     def __post_init__(self):
@@ -79,8 +83,10 @@ class BwdConfig:
         if self.block_q_dkv not in (64, 128):
             raise ValueError(f"block_q_dkv must be 64 or 128 (query rows per dK/dV step: the N of S^T = K Q^T), "
                              f"got {self.block_q_dkv!r}")
-        for name in ("stages_dkv", "stages_dq"):
+        for name in ("stages_dkv", "stages_dq", "stages_dv"):
             n = getattr(self, name)
+            if name == "stages_dv" and n is None:
+                continue
             if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 4:
                 raise ValueError(f"{name} must be an int from 1 to 4 (SMEM ring depth), got {n!r}")
         if not isinstance(self.interpretable, bool):
@@ -88,26 +94,45 @@ class BwdConfig:
 
     def smem_bytes(self, head_dim: int, itemsize: int = 2) -> tuple[int, int]:
         """(dK/dV kernel, dQ kernel) shared memory as Mosaic GPU allocates it: each buffer rounded up
-        to 1 KiB, 8 bytes per barrier."""
+        to 1 KiB, 8 bytes per barrier. Where dK and dV come from two passes, the larger pass's."""
         align = lambda n: -(-n // 1024) * 1024
-        tile, bq = _BLOCK * head_dim * itemsize, self.block_q_dkv
-        staged = 2 * _BLOCK * bq * itemsize if self.interpretable else 0
-        dkv = (align(2 * tile) * 2 + 2 * align(self.stages_dkv * bq * head_dim * itemsize)
-               + align(self.stages_dkv * 3 * bq * 4) + 2 * align(staged) + 8 * (4 + 4 * self.stages_dkv))
+        tile = _BLOCK * head_dim * itemsize
+        passes = ("dv", "dk") if head_dim in _TWO_PASSES else ("dkdv",)
+        dkv = max(self._dkv_smem_bytes(g, head_dim, itemsize) for g in passes)
         kv = self.stages_dq * self.block_kv_dq * head_dim * itemsize
         staged = 2 * _BLOCK * self.block_kv_dq * itemsize if self.interpretable else 0
         dq = align(4 * tile) + 2 * align(kv) + align(staged) + 8 * (4 + 3 * self.stages_dq)
         return dkv, dq
 
+    def dkv_stages(self, grads: str) -> int:
+        return self.stages_dv or self.stages_dkv if grads == "dv" else self.stages_dkv
+
+    def _dkv_smem_bytes(self, grads: str, head_dim: int, itemsize: int = 2) -> int:
+        """One dK/dV launch's shared memory: K tiles (and V tiles, but for the dV pass), the Q / dO ring,
+        the stats ring, the interpretable form's staging tiles (P^T and dS^T, one each in a pass)."""
+        align = lambda n: -(-n // 1024) * 1024
+        bq, stages = self.block_q_dkv, self.dkv_stages(grads)
+        tile, staged = _BLOCK * head_dim * itemsize, 2 * _BLOCK * bq * itemsize if self.interpretable else 0
+        return (align(2 * tile) * (1 if grads == "dv" else 2) + 2 * align(stages * bq * head_dim * itemsize)
+                + align(stages * 3 * bq * 4) + (2 if grads == "dkdv" else 1) * align(staged)
+                + 8 * (4 + 4 * stages))
+
     def check_head_dim(self, head_dim: int, itemsize: int = 2) -> None:
         if head_dim not in HEAD_DIMS:
-            raise ValueError(f"the backward kernels take head dims {HEAD_DIMS}, got {head_dim} (at 256 the "
-                             f"dK and dV accumulators exceed a consumer's registers: use the blocked backward)")
-        if self.block_q_dkv > _BLOCK and head_dim > 64:
-            raise ValueError(f"{self}: block_q_dkv={self.block_q_dkv} is for head dim 64; at {head_dim} a dK/dV "
-                             f"consumer's S^T and dP^T of {self.block_q_dkv} rows beside its dK and dV "
-                             f"accumulators would need {2 * _BLOCK * (self.block_q_dkv + head_dim) // 128} "
-                             f"float32 registers a thread (it has {_REGS} in all)")
+            raise ValueError(f"the backward kernels take head dims {HEAD_DIMS}, got {head_dim}: use the blocked "
+                             f"backward (flash_attention_vjp.attention_bwd_blocked)")
+        # float32 registers a consumer thread holds: a [64, n] tile over 128 threads is n / 2
+        n_accs = 1 if head_dim in _TWO_PASSES else 2
+        need = (2 * self.block_q_dkv + n_accs * head_dim) // 2
+        if need > _REGS:
+            raise ValueError(f"{self}: block_q_dkv={self.block_q_dkv} is too many rows at head dim {head_dim}: a "
+                             f"dK/dV consumer's S^T and dP^T of {self.block_q_dkv} rows beside its {n_accs} "
+                             f"accumulator(s) would need {need} float32 registers a thread (it has {_REGS} in all)")
+        need = (2 * self.block_kv_dq + head_dim) // 2
+        if need > _REGS:
+            raise ValueError(f"{self}: block_kv_dq={self.block_kv_dq} is too many keys at head dim {head_dim}: a "
+                             f"dQ consumer's S and dP of {self.block_kv_dq} keys beside its dQ accumulator would "
+                             f"need {need} float32 registers a thread (it has {_REGS} in all)")
         for name, need in zip(("dK/dV", "dQ"), self.smem_bytes(head_dim, itemsize)):
             if need > _SMEM_LIMIT:
                 raise ValueError(f"{self}: the {name} kernel needs {need} bytes of shared memory at head dim "
@@ -118,7 +143,10 @@ class BwdConfig:
 # The blocks per head dim (pallas_kernels/NOTES.md "Backward v2"; two H100 tables, results/fa3_bwd_h100_2026-12-07_*):
 # at hd 64, 128-row dK/dV steps with 128-key dQ steps were 6-15 % faster than 64 / 64 on every row; at hd 128,
 # 128-key dQ steps alone were level (-1.5 to +3.7 %) and 128-row dK/dV steps do not fit a consumer's registers.
-BWD_TUNED = {64: dict(block_q_dkv=128, block_kv_dq=128), 128: {}}
+# At hd 256 (two dK/dV passes) one stage is what fits 227 KiB of SMEM in the dK pass and the dQ kernel; the dV
+# pass, without V tiles, fits two.
+BWD_TUNED = {64: dict(block_q_dkv=128, block_kv_dq=128), 128: {},
+             256: dict(stages_dkv=1, stages_dq=1, stages_dv=2)}
 
 
 def default_bwd_config(head_dim: int, interpretable: bool = False) -> BwdConfig:
@@ -160,11 +188,15 @@ def _zeros(shape):
 
 
 # ---------------------------------------------------------------- dK / dV
-def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, qlo_ref, qhi_ref, dk_ref, dv_ref, scoped, *,
-                cfg: BwdConfig, n_rep: int, scale_log2: float, scale: float):
-    bq, bkv, stages = cfg.block_q_dkv, _BLOCK, cfg.stages_dkv
+def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, qlo_ref, qhi_ref, *outs_scoped,
+                cfg: BwdConfig, n_rep: int, scale_log2: float, scale: float, grads: str):
+    """``grads``: "dkdv" (both accumulators), or one of them per launch, "dv" or "dk" (head dim 256, where
+    the two would need 256 registers a thread): the "dv" pass neither loads V nor forms dP."""
+    bq, bkv, stages = cfg.block_q_dkv, _BLOCK, cfg.dkv_stages(grads)
+    *outs, scoped = outs_scoped
     (k_tiles, v_tiles, q_smem, do_smem, st_smem, pt_smem, dst_smem), (kv_ready, q_ready, do_ready, st_ready), \
         free = scoped
+    want_dk, want_dv = grads in ("dkdv", "dk"), grads in ("dkdv", "dv")
     gi, bi, ti, wg = (lax.axis_index(n) for n in ("kv_heads", "batch", "kv_tiles", "wg"))
     qlo, n_q = qlo_ref[bi, ti], qhi_ref[bi, ti] - qlo_ref[bi, ti]
     n_steps = n_rep * n_q                 # step i: query head gi * n_rep + i // n_q, q block qlo + i % n_q (bq rows)
@@ -174,18 +206,20 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, qlo_ref, qhi_ref, dk_ref
     def _consumer():
         plgpu.set_max_registers(_REGS, action="increase")
         k_base = (2 * ti + wg) * bkv
-        k_smem, v_smem = k_tiles.at[wg], v_tiles.at[wg]
+        k_smem, v_smem = k_tiles.at[wg], (v_tiles.at[wg] if want_dk else None)
         rows = (bi, pl.ds(k_base, bkv), gi)
         plgpu.copy_gmem_to_smem(k_ref.at[rows], k_smem, kv_ready.at[wg])
-        plgpu.copy_gmem_to_smem(v_ref.at[rows], v_smem, kv_ready.at[2 + wg])
+        if want_dk:   # V is read only by dP
+            plgpu.copy_gmem_to_smem(v_ref.at[rows], v_smem, kv_ready.at[2 + wg])
         staged = lambda *tiles: tiles if cfg.interpretable else None
-        key = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 0, layout=_WGMMA) + k_base
+        key_tile = lambda: plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 0, layout=_WGMMA) + k_base
+        key = key_tile() if grads == "dkdv" else None   # one pass: made per step, 32 registers fewer to hold
         plgpu.barrier_wait(kv_ready.at[wg])
-        plgpu.barrier_wait(kv_ready.at[2 + wg])
+        if want_dk:
+            plgpu.barrier_wait(kv_ready.at[2 + wg])
         lo = k_smem.dtype
 
-        def step(ki, carry):
-            dk, dv = carry
+        def step(ki, accs):
             slot = lax.rem(ki, stages)
             plgpu.barrier_wait(q_ready.at[slot])
 
@@ -197,23 +231,33 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, qlo_ref, qhi_ref, dk_ref
             col = lambda j: lax.broadcast_in_dim(plgpu.load(st_smem.at[slot, j], layout=_COL),
                                                  (bkv, bq), [1])
             pt = jnp.exp2(st * scale_log2 - col(0))
-            pt = jnp.where(key < col(2).astype(jnp.int32), pt, 0.0)
+            pt = jnp.where((key_tile() if key is None else key) < col(2).astype(jnp.int32), pt, 0.0)
             plgpu.barrier_wait(do_ready.at[slot])
-            pt_lo = pt.astype(lo)
-            dv, dpt = _gemms(((pt_lo, do_smem.at[slot]), (v_smem, do_smem.at[slot].T)),
-                             (dv, _zeros((bkv, bq))), staged(_at(pt_smem, wg), None))
-            dst = (pt * (dpt - col(1))).astype(lo)
-            (dk,) = _gemms(((dst, q_smem.at[slot]),), (dk,), staged(_at(dst_smem, wg)))
+            if grads == "dkdv":
+                dk, dv = accs
+                dv, dpt = _gemms(((pt.astype(lo), do_smem.at[slot]), (v_smem, do_smem.at[slot].T)),
+                                 (dv, _zeros((bkv, bq))), staged(_at(pt_smem, wg), None))
+            elif grads == "dv":
+                accs = _gemms(((pt.astype(lo), do_smem.at[slot]),), accs, staged(_at(pt_smem, wg)))
+            else:
+                (dk,) = accs
+                (dpt,) = _gemms(((v_smem, do_smem.at[slot].T),), (_zeros((bkv, bq)),), staged(None))
+            if want_dk:
+                dst = (pt * (dpt - col(1))).astype(lo)
+                (dk,) = _gemms(((dst, q_smem.at[slot]),), (dk,), staged(_at(dst_smem, wg)))
+                accs = (dk, dv) if want_dv else (dk,)
             plgpu.barrier_arrive(free.at[slot])
-            return dk, dv
+            return accs
 
         d = k_smem.shape[-1]
-        dk, dv = lax.fori_loop(0, n_steps, step, (_zeros((bkv, d)), _zeros((bkv, d))))
-        k_smem[...] = (dk * scale).astype(lo)    # K and V are no longer read: their SMEM stages dK, dV
-        v_smem[...] = dv.astype(lo)
+        accs = lax.fori_loop(0, n_steps, step, tuple(_zeros((bkv, d)) for _ in outs))
+        # K (and V) are no longer read: their SMEM stages the outputs, dK scaled
+        stage = (k_smem, v_smem) if grads == "dkdv" else (k_smem,)
+        for smem, acc, g in zip(stage, accs, ("dk", "dv") if grads == "dkdv" else (grads,)):
+            smem[...] = (acc * scale if g == "dk" else acc).astype(lo)
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[rows])
-        plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[rows])
+        for smem, out_ref in zip(stage, outs):
+            plgpu.copy_smem_to_gmem(smem, out_ref.at[rows])
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     @pl.when(wg == 2)
@@ -308,17 +352,21 @@ def _call(body, out_type, grid, names, scratch, ready, stages: int, name: str):
                         compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=0))
 
 
-def _build_dkv(B, H, Sk, G, d, dtype, cfg: BwdConfig, scale: float):
-    """``dkv(q, k, v, do, stats, qlo, qhi) -> (dk, dv)`` [B, Sk, G, d]."""
-    stages, bq = cfg.stages_dkv, cfg.block_q_dkv
+def _build_dkv(B, H, Sk, G, d, dtype, cfg: BwdConfig, scale: float, grads: str = "dkdv"):
+    """``dkv(q, k, v, do, stats, qlo, qhi) -> (dk, dv)`` [B, Sk, G, d]; with ``grads`` "dk" or "dv" that one
+    alone (a 1-tuple)."""
+    stages, bq = cfg.dkv_stages(grads), cfg.block_q_dkv
     tile = _smem_tiled((stages, bq, d), dtype)   # the ring of Q and dO blocks
     staged = _smem_tiled((2, _BLOCK, bq), dtype) if cfg.interpretable else None
     own = _smem_tiled((2, _BLOCK, d), dtype)   # each consumer's K or V tile
-    scratch = (own, own, tile, tile, plgpu.SMEM((stages, 3, bq), jnp.float32), staged, staged)
-    body = functools.partial(_dkv_kernel, cfg=cfg, n_rep=H // G, scale_log2=scale * _LOG2E, scale=scale)
+    scratch = (own, own if grads != "dv" else None, tile, tile, plgpu.SMEM((stages, 3, bq), jnp.float32),
+               staged if grads != "dk" else None, staged if grads != "dv" else None)
+    body = functools.partial(_dkv_kernel, cfg=cfg, n_rep=H // G, scale_log2=scale * _LOG2E, scale=scale,
+                             grads=grads)
     out = jax.ShapeDtypeStruct((B, Sk, G, d), dtype)
-    return _call(body, (out, out), (G, B, pl.cdiv(Sk, 2 * _BLOCK)), ("kv_heads", "batch", "kv_tiles"),
-                 scratch, (4, stages, stages, stages), stages, "fa3_bwd_dkv")
+    return _call(body, (out, out) if grads == "dkdv" else (out,), (G, B, pl.cdiv(Sk, 2 * _BLOCK)),
+                 ("kv_heads", "batch", "kv_tiles"), scratch, (4, stages, stages, stages), stages,
+                 "fa3_bwd_dkv" if grads == "dkdv" else f"fa3_bwd_{grads}")
 
 
 def _build_dq(B, Tq, H, Sk, G, d, dtype, cfg: BwdConfig, scale: float):
@@ -377,7 +425,12 @@ def flash_attention_bwd(q_BTHd, k_BSGd, v_BSGd, o_BTHd, lse_BHT, do_BTHd, kend_B
     stats = jnp.stack([lse2, delta, jnp.broadcast_to(kend[:, None, :T].astype(f32), (B, H, T))], axis=2)
     stats = jnp.pad(stats, ((0, 0), (0, 0), (0, 0), (0, Tp - T)))     # [B, H, (lse2, delta, k_end), Tp]
     qlo, qhi = _q_block_ranges(kend, pl.cdiv(Sk, rows), cfg.block_q_dkv)
-    dk, dv = _build_dkv(B, H, Sk, G, d, q.dtype, cfg, scale)(q, k, v, do, stats, qlo, qhi)
+    args = (q, k, v, do, stats, qlo, qhi)
+    if d in _TWO_PASSES:   # dV, then dK: each pass's accumulator alone fits a consumer's registers
+        (dv,) = _build_dkv(B, H, Sk, G, d, q.dtype, cfg, scale, "dv")(*args)
+        (dk,) = _build_dkv(B, H, Sk, G, d, q.dtype, cfg, scale, "dk")(*args)
+    else:
+        dk, dv = _build_dkv(B, H, Sk, G, d, q.dtype, cfg, scale)(*args)
     dq = _build_dq(B, Tq, H, Sk, G, d, q.dtype, cfg, scale)(q, k, v, do, stats, kend, kmin, kmax)
     return dq[:, :T], dk[:, :S], dv[:, :S]
 
@@ -404,11 +457,12 @@ def main(argv=None) -> None:
     ap.add_argument("--block-q-dkv", type=int, help="default: default_bwd_config's")
     ap.add_argument("--stages-dkv", type=int, help="default: default_bwd_config's")
     ap.add_argument("--stages-dq", type=int, help="default: default_bwd_config's")
+    ap.add_argument("--stages-dv", type=int, help="hd 256's dV pass; default: default_bwd_config's")
     ap.add_argument("--no-check", action="store_true", help="skip the float32 reference (e.g. under racecheck)")
     a = ap.parse_args(argv)
     d = a.head_dim or (64 if a.small else 128)
     B, S = (1, 300) if a.small else (16384 // a.seq, a.seq)
-    given = {f: getattr(a, f) for f in ("block_kv_dq", "block_q_dkv", "stages_dkv", "stages_dq")
+    given = {f: getattr(a, f) for f in ("block_kv_dq", "block_q_dkv", "stages_dkv", "stages_dq", "stages_dv")
              if getattr(a, f) is not None}
     cfg = dataclasses.replace(default_bwd_config(d), **given)
     H = 2 if a.small else 2048 // d

@@ -1,9 +1,9 @@
 """Differentiable flash attention: the Hopper forward kernel and its backward.
 
-The backward runs the Pallas Mosaic GPU kernels of ``flash_attention_bwd`` (dK/dV and dQ) at head
-dims 64 and 128. At head dim 256 it is NOT a kernel: ``attention_bwd_blocked``, pure JAX, recomputes
-the probabilities one KV block at a time from the forward's saved log-sum-exp (no T x S matrix is
-ever materialised, no second softmax pass):
+The backward runs the Pallas Mosaic GPU kernels of ``flash_attention_bwd`` (dK/dV and dQ; at head dim
+256 dV and dK in two passes) at head dims 64, 128 and 256. For other head dims it is NOT a kernel:
+``attention_bwd_blocked``, pure JAX, recomputes the probabilities one KV block at a time from the
+forward's saved log-sum-exp (no T x S matrix is ever materialised, no second softmax pass):
   p = exp(s - lse), dV = p^T dO, dP = dO V^T, dS = p * (dP - rowsum(dO * O)), dQ = dS K, dK = dS^T Q
 in float32, scanned over KV blocks of ``block_kv`` keys; GQA gradients are summed over the query
 heads that share a KV head. It is also the kernels' second reference in the tests.

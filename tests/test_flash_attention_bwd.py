@@ -72,6 +72,7 @@ def _run(shape, mode, cfg, dtype=jnp.bfloat16, fwd_cfg=None, seed=3, interpret=T
                                                   block_kv_dq=128)),             # rows that see nothing
     ("none", (1, 5, 2, 9, 1, 64), INTERP),                                    # shorter than one block
     ("top_left", (1, 300, 2, 300, 1, 64), BwdConfig(interpretable=True, block_q_dkv=128)),  # 128-row dK/dV steps
+    ("bottom_right", (2, 77, 4, 150, 2, 256), default_bwd_config(256, interpretable=True)),  # dV, then dK: 2 passes
 ])
 def test_interpreter_matches_grad_of_reference(mode, shape, cfg):
     """Tiles of one to four steps in both kernels, ring depths 1 to 3, dK/dV steps of 64 and 128 query
@@ -97,18 +98,18 @@ def test_interpreter_finds_no_races(cfg):
     _check_grads(got, flash_attention_bwd_reference(q, k, v, do, kend), tol=2e-3)
 
 
-def test_custom_vjp_uses_the_kernels_at_hd_64_and_128_only():
-    """``flash_attention``'s backward is the kernels' jitted entry where they apply, the blocked
-    pure-JAX backward at hd 256 (seen in the traced jaxpr)."""
+def test_custom_vjp_uses_the_kernels_at_every_head_dim():
+    """``flash_attention``'s backward is the kernels' jitted entry at hd 64, 128 and 256 (seen in the
+    traced jaxpr), never the blocked pure-JAX backward's scan."""
     def grad_jaxpr(d):
         B, T, H, S, G = 1, 64, 2, 64, 1
         q, k, v, do = _inputs(1, B, T, H, S, G, d, jnp.bfloat16)
         kend = key_end(B, T, S, causal="top_left")
         f = lambda q, k, v: jnp.sum(flash_attention(q, k, v, kend, None, FWD_INTERP).astype(jnp.float32))
         return str(jax.make_jaxpr(jax.grad(f, (0, 1, 2)))(q, k, v))
-    assert "flash_attention_bwd" in grad_jaxpr(64) and "flash_attention_bwd" in grad_jaxpr(128)
-    hd256 = grad_jaxpr(256)
-    assert "flash_attention_bwd" not in hd256 and "scan" in hd256
+    for d in (64, 128, 256):
+        jaxpr = grad_jaxpr(d)
+        assert "flash_attention_bwd" in jaxpr and "scan" not in jaxpr, d
 
 
 def test_q_block_ranges_cover_exactly_the_blocks_that_see_the_tile():
@@ -153,21 +154,41 @@ def test_lowers_for_cuda(d, dtype, cfg):
     assert "fa3_bwd_dkv_mosaic_gpu" in text and "fa3_bwd_dq_mosaic_gpu" in text
 
 
+@pytest.mark.parametrize("dtype", ("bfloat16", "float16"))
+def test_lowers_for_cuda_in_two_passes_at_hd_256(dtype):
+    """At hd 256 the dK/dV kernel runs twice (dV, then dK) beside the dQ kernel, in one stage each."""
+    B, T, H, S, G, d = 2, 1000, 8, 777, 2, 256
+    q = jax.ShapeDtypeStruct((B, T, H, d), jnp.dtype(dtype))
+    k = jax.ShapeDtypeStruct((B, S, G, d), jnp.dtype(dtype))
+    lse, kend = jax.ShapeDtypeStruct((B, H, T), jnp.float32), jax.ShapeDtypeStruct((B, T), jnp.int32)
+    text = jax.jit(lambda *a: flash_attention_bwd(*a)).trace(q, k, k, q, lse, q, kend).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert text.count("custom_call @mosaic_gpu") == 3
+    assert all(f"fa3_bwd_{n}_mosaic_gpu" in text for n in ("dv", "dk", "dq")) and "fa3_bwd_dkv" not in text
+
+
 @pytest.mark.parametrize("d,cfg", [(64, BwdConfig()), (128, BwdConfig(block_kv_dq=128, stages_dkv=3)),
                                    (128, BwdConfig(interpretable=True, stages_dq=1)),
                                    (64, BwdConfig(block_q_dkv=128, stages_dkv=3)),
-                                   (64, BwdConfig(interpretable=True, block_q_dkv=128))])
+                                   (64, BwdConfig(interpretable=True, block_q_dkv=128)),
+                                   (256, default_bwd_config(256)), (256, BwdConfig(stages_dkv=1, stages_dq=1)),
+                                   (256, default_bwd_config(256, interpretable=True))])
 def test_smem_bytes_is_what_mosaic_allocates(d, cfg):
-    """``smem_bytes`` (behind ``check_head_dim``'s error) equals Mosaic GPU's own count for both kernels:
-    lowering under a limit one byte below it fails and names exactly that many bytes."""
+    """``smem_bytes`` (behind ``check_head_dim``'s error) equals Mosaic GPU's own count for both kernels
+    (at hd 256 each of the two dK/dV passes, the larger being ``smem_bytes``'): lowering under a limit one
+    byte below it fails and names exactly that many bytes."""
     from jax.experimental.mosaic.gpu import core as mgpu_core
     from pallas_kernels.flash_attention_bwd import _build_dkv, _build_dq
     B, T, H, S, G = 1, 512, 2, 512, 1
     q, k = jax.ShapeDtypeStruct((B, T, H, d), jnp.bfloat16), jax.ShapeDtypeStruct((B, S, G, d), jnp.bfloat16)
     stats, ints = jax.ShapeDtypeStruct((B, H, 3, T), jnp.float32), jax.ShapeDtypeStruct((B, T), jnp.int32)
-    calls = ((_build_dkv(B, H, S, G, d, jnp.bfloat16, cfg, 0.1), (q, k, k, q, stats, ints, ints)),
-             (_build_dq(B, T, H, S, G, d, jnp.bfloat16, cfg, 0.1), (q, k, k, q, stats, ints, ints, ints)))
-    for (fn, args), want in zip(calls, cfg.smem_bytes(d)):
+    passes = ("dv", "dk") if d == 256 else ("dkdv",)
+    calls = [(_build_dkv(B, H, S, G, d, jnp.bfloat16, cfg, 0.1, g), (q, k, k, q, stats, ints, ints),
+              cfg._dkv_smem_bytes(g, d)) for g in passes]
+    calls.append((_build_dq(B, T, H, S, G, d, jnp.bfloat16, cfg, 0.1), (q, k, k, q, stats, ints, ints, ints),
+                  cfg.smem_bytes(d)[1]))
+    assert cfg.smem_bytes(d)[0] == max(want for _, _, want in calls[:-1])
+    for fn, args, want in calls:
         with mgpu_core.artificial_shared_memory_limit(want - 1), pytest.raises(ValueError) as err:
             jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
         assert f"smem_bytes={want} " in str(err.value), str(err.value)
@@ -177,6 +198,7 @@ def test_default_bwd_config_follows_the_tuned_table():
     assert set(BWD_TUNED) == set(HEAD_DIMS)
     assert default_bwd_config(64) == BwdConfig(block_q_dkv=128, block_kv_dq=128)
     assert default_bwd_config(128) == BwdConfig()
+    assert default_bwd_config(256) == BwdConfig(stages_dkv=1, stages_dq=1, stages_dv=2)
     assert default_bwd_config(64, interpretable=True) == BwdConfig(block_q_dkv=128, block_kv_dq=128, interpretable=True)
     for d in HEAD_DIMS:   # every pick fits its head dim's registers and shared memory
         default_bwd_config(d).check_head_dim(d)
@@ -189,14 +211,22 @@ def test_config_and_input_validation():
         BwdConfig(stages_dkv=0)
     with pytest.raises(ValueError, match="stages_dq"):
         BwdConfig(stages_dq=True)
+    with pytest.raises(ValueError, match="stages_dv"):
+        BwdConfig(stages_dv=5)
     with pytest.raises(ValueError, match="head dims"):
-        BwdConfig().check_head_dim(256)
+        BwdConfig().check_head_dim(96)
+    with pytest.raises(ValueError, match="shared memory"):
+        BwdConfig().check_head_dim(256)   # two-stage rings at hd 256
     with pytest.raises(ValueError, match="shared memory"):
         BwdConfig(block_kv_dq=128, stages_dq=4).check_head_dim(128)
     with pytest.raises(ValueError, match="block_q_dkv"):
         BwdConfig(block_q_dkv=96)
     with pytest.raises(ValueError, match="256 float32 registers"):
         BwdConfig(block_q_dkv=128).check_head_dim(128)
+    with pytest.raises(ValueError, match="block_q_dkv=128 is too many rows at head dim 256"):
+        BwdConfig(block_q_dkv=128, stages_dkv=1, stages_dq=1).check_head_dim(256)
+    with pytest.raises(ValueError, match="block_kv_dq=128 is too many keys at head dim 256"):
+        BwdConfig(block_kv_dq=128, stages_dkv=1, stages_dq=1).check_head_dim(256)
     q, k, v, do = _inputs(0, 1, 64, 2, 64, 1, 64, jnp.bfloat16)
     kend = key_end(1, 64, 64)
     with pytest.raises(ValueError, match="lse"):
@@ -204,7 +234,7 @@ def test_config_and_input_validation():
 
 
 # ---------------------------------------------------------------- GPU
-REP = {64: 1, 128: 4}   # GQA ratio H / G per head dim
+REP = {64: 1, 128: 4, 256: 2}   # GQA ratio H / G per head dim
 
 
 def _poison(*shapes):
@@ -220,7 +250,9 @@ GPU_CASES = ([("bfloat16" if i % 2 else "float16", hd, mode, BwdConfig()) for hd
              + [("bfloat16", hd, mode, c) for hd in (64, 128) for mode in ("top_left", "padded")
                 for c in (BwdConfig(block_kv_dq=128), BwdConfig(stages_dkv=3, stages_dq=1))]
              + [(dtype, 64, mode, c) for dtype in ("bfloat16", "float16") for mode in MODES
-                for c in (BwdConfig(block_q_dkv=128), BwdConfig(block_q_dkv=128, block_kv_dq=128))])
+                for c in (BwdConfig(block_q_dkv=128), BwdConfig(block_q_dkv=128, block_kv_dq=128))]
+             + [(dtype, 256, mode, default_bwd_config(256)) for dtype in ("bfloat16", "float16")
+                for mode in MODES])   # two dK/dV passes
 
 
 @pytest.mark.gpu
@@ -243,7 +275,7 @@ def test_gpu_matches_float32_reference(dtype, hd, mode, cfg):
 @pytest.mark.gpu
 @pytest.mark.parametrize("hd", (64, 128, 256))
 def test_gpu_custom_vjp_matches_grad_of_reference(hd):
-    """``jax.grad`` through ``flash_attention`` (kernels at hd 64 / 128, blocked at 256)."""
+    """``jax.grad`` through ``flash_attention`` (the kernels at every head dim; two dK/dV passes at 256)."""
     B, T, H, S, G = 2, 300, 4, 700, 2
     q, k, v, do = _inputs(9, B, T, H, S, G, hd, jnp.bfloat16)
     kend = key_end(B, T, S, causal="bottom_right", kv_lens_B=[700, 450], q_lens_B=[300, 120])

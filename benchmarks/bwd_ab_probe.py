@@ -1,0 +1,52 @@
+"""A/B of the FA3 backward kernels: this tree's ``flash_attention_bwd`` against an earlier version of the file,
+same inputs, outputs compared bit for bit, timed alternately (CUPTI median per call: the kernels plus XLA's small ops).
+The earlier version is ``benchmarks/_bwd_prev.py``, written before the device call and not committed (the device
+machine gets the working tree, not git's history), e.g. the previous commit's:
+
+    git show HEAD~1:pallas_kernels/flash_attention_bwd.py > benchmarks/_bwd_prev.py
+    PYTHONPATH=.:benchmarks python3 benchmarks/bwd_ab_probe.py [--rounds 2] [--head-dims 64,128] [--seq 4096] [--causal]
+"""
+
+import argparse
+import statistics
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.mosaic.gpu import profiler
+
+import _bwd_prev
+from pallas_kernels import flash_attention_bwd as cur
+from pallas_kernels.flash_attention import default_config, flash_attention_fwd, key_end
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--head-dims", default="64,128")
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--causal", action="store_true")
+    a = ap.parse_args(argv)
+    S = a.seq
+    for d in (int(x) for x in a.head_dims.split(",")):
+        B, H = 16384 // S, 2048 // d
+        q, k, v, do = (jax.random.normal(kk, (B, S, H, d), jnp.bfloat16) for kk in jax.random.split(jax.random.key(0), 4))
+        kend = key_end(B, S, S, causal="top_left" if a.causal else "none")
+        o, lse = flash_attention_fwd(q, k, v, kend, config=default_config(d, S, a.causal))
+        fns = {name: jax.jit(lambda *x, m=m: m.flash_attention_bwd(*x, kend, config=m.default_bwd_config(d)))
+               for name, m in (("prev", _bwd_prev), ("this", cur))}
+        args = (q, k, v, o, lse, do)
+        outs = {n: jax.block_until_ready(f(*args)) for n, f in fns.items()}
+        same = all(bool(jnp.array_equal(x, y)) for x, y in zip(outs["prev"], outs["this"]))
+        times = {n: [] for n in fns}
+        for r in range(a.rounds):
+            for n in (("prev", "this") if r % 2 == 0 else ("this", "prev")):
+                _, ms = profiler.measure(fns[n], iterations=20)(*args)
+                times[n].append(statistics.median(ms))
+        flops = 10 * B * S * S * H * d / (2 if a.causal else 1)
+        print(f"hd {d} S {S} causal={a.causal}: bitwise equal outputs {same}; " + "; ".join(
+            f"{n} {' / '.join(f'{t:.3f}' for t in ts)} ms ({flops / statistics.median(ts) / 1e9:.0f} TFLOPS)"
+            for n, ts in times.items()))
+
+
+if __name__ == "__main__":
+    main()
