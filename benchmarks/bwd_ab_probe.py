@@ -29,7 +29,8 @@ def main(argv=None) -> None:
     S = a.seq
     for d in (int(x) for x in a.head_dims.split(",")):
         B, H = 16384 // S, 2048 // d
-        q, k, v, do = (jax.random.normal(kk, (B, S, H, d), jnp.bfloat16) for kk in jax.random.split(jax.random.key(0), 4))
+        keys = jax.random.split(jax.random.key(0), 4)
+        q, k, v, do = (jax.random.normal(kk, (B, S, H, d), jnp.bfloat16) for kk in keys)
         kend = key_end(B, S, S, causal="top_left" if a.causal else "none")
         o, lse = flash_attention_fwd(q, k, v, kend, config=default_config(d, S, a.causal))
         fns = {name: jax.jit(lambda *x, m=m: m.flash_attention_bwd(*x, kend, config=m.default_bwd_config(d)))

@@ -33,7 +33,8 @@ if [ "${MAIN:-all}" = all ]; then
 elif [ "$MAIN" = hd256 ]; then   # the two dK/dV passes: per-kernel times, then ptxas' spill report
   step main256 45 4 $main --seq 4096 --head-dim 256
   step main256c 45 4 $main --seq 4096 --head-dim 256 --causal
-  step ptxas256 45 12 bash -c "MOSAIC_GPU_DUMP_PTXAS=1 $main --small --head-dim 256 2>&1 | grep -i -E 'spill|registers|fa3_bwd|relative'"
+  step ptxas256 45 12 bash -c "MOSAIC_GPU_DUMP_PTXAS=1 $main --small --head-dim 256 2>&1 \
+    | grep -i -E 'spill|registers|fa3_bwd|relative'"
 elif [ "$MAIN" = q128 ]; then
   step main64 40 3 $main --seq 4096 --head-dim 64
   step main64_q128 40 3 $main --seq 4096 --head-dim 64 --block-q-dkv 128

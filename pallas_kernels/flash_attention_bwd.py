@@ -105,7 +105,8 @@ class BwdConfig:
         return dkv, dq
 
     def dkv_stages(self, grads: str) -> int:
-        return self.stages_dv or self.stages_dkv if grads == "dv" else self.stages_dkv
+        """The Q / dO ring depth of a dK/dV launch: ``grads`` "dkdv", "dk" or "dv"."""
+        return (self.stages_dv or self.stages_dkv) if grads == "dv" else self.stages_dkv
 
     def _dkv_smem_bytes(self, grads: str, head_dim: int, itemsize: int = 2) -> int:
         """One dK/dV launch's shared memory: K tiles (and V tiles, but for the dV pass), the Q / dO ring,
