@@ -175,7 +175,7 @@ def test_lowers_for_cuda_in_two_passes_at_hd_256(dtype):
                                    (256, default_bwd_config(256, interpretable=True))])
 def test_smem_bytes_is_what_mosaic_allocates(d, cfg):
     """``smem_bytes`` (behind ``check_head_dim``'s error) equals Mosaic GPU's own count for both kernels
-    (at hd 256 each of the two dK/dV passes, the larger being ``smem_bytes``'): lowering under a limit one
+    (at hd 256 each of the two dK/dV passes; ``smem_bytes`` reports the larger): lowering under a limit one
     byte below it fails and names exactly that many bytes."""
     from jax.experimental.mosaic.gpu import core as mgpu_core
     from pallas_kernels.flash_attention_bwd import _build_dkv, _build_dq

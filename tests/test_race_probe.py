@@ -1,8 +1,8 @@
 """The race check the Mosaic GPU kernels rely on: the GPU interpreter's race detector, on the probe kernel of
 benchmarks/racecheck_probe.py (warpgroup 1 reads shared memory that warpgroup 0 fills by stores or by a TMA copy).
 On an H100, compute-sanitizer's racecheck reported 0 hazards for both races of this probe while their outputs
-showed them (results/fa3_racecheck_H100_2026-12-07.txt; pallas_kernels/NOTES.md "Race checks"), so a
-race in the FA3 kernels' producer / consumer protocol is caught here or not at all."""
+showed them (results/fa3_racecheck_H100_2026-12-07.txt; pallas_kernels/NOTES.md "Race checks"). So the FA3
+kernels' race tests (``test_interpreter_*finds_no_races``) run this detector, and this file shows it sees such races."""
 
 import sys
 from pathlib import Path
