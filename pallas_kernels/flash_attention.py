@@ -108,6 +108,13 @@ _LAZY_RESCALE = 8.0  # ``lazy_rescale``: the running max moves once scores pass 
 
 
 _SMEM_LIMIT = 227 * 1024  # bytes of shared memory one Hopper CTA may use
+
+
+def _smem_align(n: int) -> int:
+    """Bytes ``n`` rounded up to Mosaic GPU's 1 KiB shared-memory alignment (each buffer's footprint)."""
+    return -(-n // 1024) * 1024
+
+
 # setmaxnreg per thread of (consumer, producer) warpgroups, by consumer count: 2 * 232 + 40 and
 # 3 * 160 + 32 registers of 128 threads fill the 64K register file (FA3's split for 3 consumers).
 _REGISTERS = {2: (232, 40), 3: (160, 32)}
@@ -297,7 +304,6 @@ class TuningConfig:
         1 KiB (its SMEM alignment), then 8 bytes per barrier. ``o_tiles``: O staging tiles
         (persistent only; default ``self.o_tile_count``)."""
         o_tiles = self.o_tile_count(head_dim, itemsize) if o_tiles is None else o_tiles
-        align = lambda n: -(-n // 1024) * 1024
         tile = self.block_q * head_dim * itemsize           # one consumer's [block_q, d] Q tile
         o_tile = self.block_q * head_dim * _out_itemsize(itemsize)  # ... and O tile
         ring = self.num_stages * self.block_kv * head_dim * itemsize   # K's or V's
@@ -305,7 +311,7 @@ class TuningConfig:
         buffers = [self.q_tiles * tile, ring, ring, c * self.block_q * 4,
                    c * self.block_q * self.block_kv * itemsize if self._p_tiles(itemsize) else 0,
                    o_tiles * o_tile]
-        return sum(map(align, buffers)) + 8 * self._barriers()
+        return sum(map(_smem_align, buffers)) + 8 * self._barriers()
 
     def _p_tiles(self, itemsize: int) -> bool:
         """Whether P goes through SMEM tiles: interpretable, or float8 without ``fp8_p_in_regs``."""

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas_kernels.flash_attention import (_LOG2E, _REGISTERS, _SMEM_LIMIT, _check, _kv_range, _load_kend_row,
-                                            _produce, _smem_tiled, default_config, flash_attention_fwd,
+                                            _produce, _smem_align, _smem_tiled, default_config, flash_attention_fwd,
                                             flash_attention_reference, key_end, padded_key_ends)
 
 _WGMMA = plgpu.Layout.WGMMA
@@ -95,13 +95,12 @@ class BwdConfig:
     def smem_bytes(self, head_dim: int, itemsize: int = 2) -> tuple[int, int]:
         """(dK/dV kernel, dQ kernel) shared memory as Mosaic GPU allocates it: each buffer rounded up
         to 1 KiB, 8 bytes per barrier. Where dK and dV come from two passes, the larger pass's."""
-        align = lambda n: -(-n // 1024) * 1024
         tile = _BLOCK * head_dim * itemsize
         passes = ("dv", "dk") if head_dim in _TWO_PASSES else ("dkdv",)
         dkv = max(self._dkv_smem_bytes(g, head_dim, itemsize) for g in passes)
         kv = self.stages_dq * self.block_kv_dq * head_dim * itemsize
         staged = 2 * _BLOCK * self.block_kv_dq * itemsize if self.interpretable else 0
-        dq = align(4 * tile) + 2 * align(kv) + align(staged) + 8 * (4 + 3 * self.stages_dq)
+        dq = _smem_align(4 * tile) + 2 * _smem_align(kv) + _smem_align(staged) + 8 * (4 + 3 * self.stages_dq)
         return dkv, dq
 
     def dkv_stages(self, grads: str) -> int:
@@ -111,12 +110,11 @@ class BwdConfig:
     def _dkv_smem_bytes(self, grads: str, head_dim: int, itemsize: int = 2) -> int:
         """One dK/dV launch's shared memory: K tiles (and V tiles, but for the dV pass), the Q / dO ring,
         the stats ring, the interpretable form's staging tiles (P^T and dS^T, one each in a pass)."""
-        align = lambda n: -(-n // 1024) * 1024
         bq, stages = self.block_q_dkv, self.dkv_stages(grads)
         tile, staged = _BLOCK * head_dim * itemsize, 2 * _BLOCK * bq * itemsize if self.interpretable else 0
-        return (align(2 * tile) * (1 if grads == "dv" else 2) + 2 * align(stages * bq * head_dim * itemsize)
-                + align(stages * 3 * bq * 4) + (2 if grads == "dkdv" else 1) * align(staged)
-                + 8 * (4 + 4 * stages))
+        kv_tiles, staged_tiles = (1 if grads == "dv" else 2), (2 if grads == "dkdv" else 1)
+        return (kv_tiles * _smem_align(2 * tile) + 2 * _smem_align(stages * bq * head_dim * itemsize)
+                + _smem_align(stages * 3 * bq * 4) + staged_tiles * _smem_align(staged) + 8 * (4 + 4 * stages))
 
     def check_head_dim(self, head_dim: int, itemsize: int = 2) -> None:
         if head_dim not in HEAD_DIMS:
@@ -220,7 +218,8 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, qlo_ref, qhi_ref, *outs_
             plgpu.barrier_wait(kv_ready.at[2 + wg])
         lo = k_smem.dtype
 
-        def step(ki, accs):
+        def step(ki, carry):
+            dk, dv = carry   # None: the gradient this launch does not form
             slot = lax.rem(ki, stages)
             plgpu.barrier_wait(q_ready.at[slot])
 
@@ -234,30 +233,34 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, qlo_ref, qhi_ref, *outs_
             pt = jnp.exp2(st * scale_log2 - col(0))
             pt = jnp.where((key_tile() if key is None else key) < col(2).astype(jnp.int32), pt, 0.0)
             plgpu.barrier_wait(do_ready.at[slot])
-            if grads == "dkdv":
-                dk, dv = accs
-                dv, dpt = _gemms(((pt.astype(lo), do_smem.at[slot]), (v_smem, do_smem.at[slot].T)),
-                                 (dv, _zeros((bkv, bq))), staged(_at(pt_smem, wg), None))
-            elif grads == "dv":
-                accs = _gemms(((pt.astype(lo), do_smem.at[slot]),), accs, staged(_at(pt_smem, wg)))
-            else:
-                (dk,) = accs
-                (dpt,) = _gemms(((v_smem, do_smem.at[slot].T),), (_zeros((bkv, bq)),), staged(None))
+            # dV += P^T dO and dP^T = V dO^T, issued together (a one-gradient pass issues its one)
+            pairs, accs, tiles = [], [], []
+            if want_dv:
+                pairs.append((pt.astype(lo), do_smem.at[slot]))
+                accs.append(dv)
+                tiles.append(_at(pt_smem, wg))
             if want_dk:
-                dst = (pt * (dpt - col(1))).astype(lo)
+                pairs.append((v_smem, do_smem.at[slot].T))
+                accs.append(_zeros((bkv, bq)))
+                tiles.append(None)
+            done = _gemms(tuple(pairs), tuple(accs), staged(*tiles))
+            if want_dv:
+                dv = done[0]
+            if want_dk:
+                dst = (pt * (done[-1] - col(1))).astype(lo)
                 (dk,) = _gemms(((dst, q_smem.at[slot]),), (dk,), staged(_at(dst_smem, wg)))
-                accs = (dk, dv) if want_dv else (dk,)
             plgpu.barrier_arrive(free.at[slot])
-            return accs
+            return dk, dv
 
         d = k_smem.shape[-1]
-        accs = lax.fori_loop(0, n_steps, step, tuple(_zeros((bkv, d)) for _ in outs))
-        # K (and V) are no longer read: their SMEM stages the outputs, dK scaled
-        stage = (k_smem, v_smem) if grads == "dkdv" else (k_smem,)
-        for smem, acc, g in zip(stage, accs, ("dk", "dv") if grads == "dkdv" else (grads,)):
-            smem[...] = (acc * scale if g == "dk" else acc).astype(lo)
+        zeros = lambda want: _zeros((bkv, d)) if want else None
+        dk, dv = lax.fori_loop(0, n_steps, step, (zeros(want_dk), zeros(want_dv)))
+        # K and V are no longer read: their SMEM stages the outputs in order (a one-gradient pass: K's)
+        results = [r for r in (dk * scale if want_dk else None, dv) if r is not None]
+        for smem, r in zip((k_smem, v_smem), results):
+            smem[...] = r.astype(lo)
         plgpu.commit_smem()
-        for smem, out_ref in zip(stage, outs):
+        for smem, out_ref in zip((k_smem, v_smem), outs):
             plgpu.copy_smem_to_gmem(smem, out_ref.at[rows])
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
