@@ -15,8 +15,13 @@ import jax.numpy as jnp
 from jax.experimental.mosaic.gpu import profiler
 
 import _bwd_prev
+from bench_fa3 import measure_row
 from pallas_kernels import flash_attention_bwd as cur
 from pallas_kernels.flash_attention import default_config, flash_attention_fwd, key_end
+
+
+def _median_ms(fn, args, iters: int) -> float:
+    return statistics.median(profiler.measure(fn, iterations=iters)(*args)[1])
 
 
 def main(argv=None) -> None:
@@ -38,11 +43,7 @@ def main(argv=None) -> None:
         args = (q, k, v, o, lse, do)
         outs = {n: jax.block_until_ready(f(*args)) for n, f in fns.items()}
         same = all(bool(jnp.array_equal(x, y)) for x, y in zip(outs["prev"], outs["this"]))
-        times = {n: [] for n in fns}
-        for r in range(a.rounds):
-            for n in (("prev", "this") if r % 2 == 0 else ("this", "prev")):
-                _, ms = profiler.measure(fns[n], iterations=20)(*args)
-                times[n].append(statistics.median(ms))
+        times = measure_row(fns, args, 20, a.rounds, measure=_median_ms)   # alternated, as the tables
         flops = 10 * B * S * S * H * d / (2 if a.causal else 1)
         print(f"hd {d} S {S} causal={a.causal}: bitwise equal outputs {same}; " + "; ".join(
             f"{n} {' / '.join(f'{t:.3f}' for t in ts)} ms ({flops / statistics.median(ts) / 1e9:.0f} TFLOPS)"
