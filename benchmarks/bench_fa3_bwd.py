@@ -8,8 +8,8 @@ backward alone: each implementation's residuals come from its own forward, run o
 timed call (``jax.vjp``'s function is a pytree, passed to the timed jit as an argument). Timing as
 ``bench_fa3.py`` (CUPTI GPU time, median over ``--iters`` calls, then over ``--rounds`` rounds of
 alternating order). ``--variant NAME:FIELD=V[,FIELD=V]`` adds a column ``specjax_NAME``: the same
-forward with the backward kernels under ``BwdConfig(FIELD=V, ...)``, timed in the same rounds (rows whose
-head dim the config refuses, or whose default it is, get none); ``specjax`` itself runs the custom_vjp's
+forward with the backward kernels under the row's ``default_bwd_config`` with those fields replaced, timed in
+the same rounds (rows whose head dim the config refuses, or whose default it is, get none); ``specjax`` itself runs the custom_vjp's
 ``default_bwd_config``. Writes ``benchmarks/results/fa3_bwd_<device>_<date><tag>.{json,md}`` (and into
 ``$OUT`` where that is set, as on the device machine). Needs a GPU.
 
@@ -20,6 +20,7 @@ head dim the config refuses, or whose default it is, get none); ``specjax`` itse
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import functools
 import statistics
@@ -58,19 +59,21 @@ def _measure_backward(vjp_args, _, iters: int) -> float | None:
         return None
 
 
-def parse_variant(text: str) -> tuple[str, BwdConfig]:
-    """``"q128:block_q_dkv=128,block_kv_dq=128"`` -> ``("q128", BwdConfig(block_q_dkv=128, block_kv_dq=128))``."""
+def parse_variant(text: str) -> tuple[str, dict]:
+    """``"q128:block_q_dkv=128,block_kv_dq=128"`` -> ``("q128", {"block_q_dkv": 128, "block_kv_dq": 128})``: the
+    fields a row's ``default_bwd_config`` is replaced with. A bool field takes 0 or 1 (``fused:fused_dq=1``)."""
     name, sep, fields = text.partition(":")
     if not sep or not name.isidentifier() or not fields:
-        raise ValueError(f"a variant is NAME:FIELD=VALUE[,FIELD=VALUE...] with BwdConfig's int fields, got {text!r}")
+        raise ValueError(f"a variant is NAME:FIELD=VALUE[,FIELD=VALUE...] with BwdConfig's int (or 0 / 1) fields, got {text!r}")
     kw = {}
     for item in fields.split(","):
         field, _, value = item.partition("=")
         if field not in BwdConfig.__dataclass_fields__ or not value.lstrip("-").isdigit():
             raise ValueError(f"variant {name!r}: {item!r} is not FIELD=INT for a BwdConfig field "
                              f"({', '.join(BwdConfig.__dataclass_fields__)})")
-        kw[field] = int(value)
-    return name, BwdConfig(**kw)
+        kw[field] = bool(int(value)) if BwdConfig.__dataclass_fields__[field].type == "bool" else int(value)
+    BwdConfig(**kw)   # the fields' own checks
+    return name, kw
 
 
 def _impls(S: int, hd: int, causal: bool, dtype, blocked: bool, variants=()):
@@ -91,7 +94,8 @@ def _impls(S: int, hd: int, causal: bool, dtype, blocked: bool, variants=()):
         attn.defvjp(forward, bwd)
         return attn
 
-    for name, bcfg in variants:   # the kernels under another BwdConfig, same forward
+    for name, fields in variants:   # the kernels under another BwdConfig, same forward
+        bcfg = dataclasses.replace(default_bwd_config(hd), **fields)
         if bcfg == default_bwd_config(hd):
             continue   # that is the specjax column
         try:

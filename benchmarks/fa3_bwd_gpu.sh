@@ -9,10 +9,14 @@
 #     --variant v1:block_q_dkv=64,block_kv_dq=64" bash benchmarks/fa3_bwd_gpu.sh   # v2's table, hd 64's pick taken
 #   TESTS_FIRST=1 TESTS_S=170 TESTS_K="256" MAIN=hd256 RACE=0 TAG=_hd256 BENCH_S=250 \
 #     BENCH_ARGS="--head-dims 256 --blocked-max 16384" bash benchmarks/fa3_bwd_gpu.sh   # hd 256's two dK/dV passes
+#   TESTS_FIRST=1 TESTS_S=150 TESTS_K=fused MAIN=fused RACE=0 FWD_GRAD=1 TAG=_fused BENCH_S=230 \
+#     BENCH_ARGS="--head-dims 64,128 --blocked-max 0 --rounds 2 --variant fused:fused_dq=1" \
+#     bash benchmarks/fa3_bwd_gpu.sh                         # the one-kernel backward (fused_dq) against two kernels
 # The FA3 backward kernels (pallas_kernels/flash_attention_bwd.py): (TESTS_FIRST=1) the backward's GPU tests, 4
 # workers; main() (error against the float32 reference, per-kernel CUPTI times, TFLOPS, wall clock) at hd 128 / 64
 # for the default config and a few others (MAIN=all; MAIN=q128: hd 64 with 64- and 128-row dK/dV steps; MAIN=hd256:
-# hd 256 non-causal and causal, and ptxas' register / spill report; any other
+# hd 256 non-causal and causal, and ptxas' register / spill report; MAIN=fused: hd 128 / 64 with fused_dq 0 and
+# 1, and ptxas' report of the fused kernel; any other
 # value, e.g. MAIN=none: no main() step); the backward table (bench_fa3_bwd.py, also into $OUT); one
 # compute-sanitizer racecheck run (RACE=1); then (RUN_TESTS=1) the GPU tests in one process. Everything but the
 # table goes to $OUT/fa3_bwd_log.txt.
@@ -35,10 +39,24 @@ elif [ "$MAIN" = hd256 ]; then   # the two dK/dV passes: per-kernel times, then 
   step main256c 45 4 $main --seq 4096 --head-dim 256 --causal
   step ptxas256 45 12 bash -c "MOSAIC_GPU_DUMP_PTXAS=1 $main --small --head-dim 256 2>&1 \
     | grep -i -E 'spill|registers|fa3_bwd|relative'"
+elif [ "$MAIN" = fused ]; then   # the one-kernel backward against the two kernels, then ptxas on it
+  for hd in 128 64; do
+    step main${hd}_two 40 3 $main --seq 4096 --head-dim $hd --fused-dq 0
+    step main${hd}_fused 40 3 $main --seq 4096 --head-dim $hd --fused-dq 1
+  done
+  step main128c_fused 40 3 $main --seq 4096 --head-dim 128 --causal --fused-dq 1
+  for hd in 128 64; do
+    step ptxas${hd} 45 12 bash -c "MOSAIC_GPU_DUMP_PTXAS=1 $main --small --head-dim $hd --fused-dq 1 2>&1 \
+      | grep -i -E 'spill|registers|fa3_bwd|relative'"
+  done
 elif [ "$MAIN" = q128 ]; then
   step main64 40 3 $main --seq 4096 --head-dim 64
   step main64_q128 40 3 $main --seq 4096 --head-dim 64 --block-q-dkv 128
   step main64_q128_kv128 40 3 $main --seq 4096 --head-dim 64 --block-q-dkv 128 --block-kv-dq 128
+fi
+if [ "${FWD_GRAD:-0}" = 1 ]; then   # the forward file's GPU tests that differentiate through the custom_vjp
+  step fwd_grad "${FWD_GRAD_S:-120}" 12 env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -m gpu \
+    tests/test_flash_attention.py -q -rfEs -p no:cacheprovider --tb=short -n 4 -k "grad or differentiable or vjp"
 fi
 step bench "${BENCH_S:-330}" 45 python3 benchmarks/bench_fa3_bwd.py ${BENCH_ARGS:-} --tag "${TAG:-}"
 [ "${RACE:-1}" = 1 ] && step race 140 4 compute-sanitizer --tool racecheck $main --small

@@ -4,7 +4,7 @@ Given the forward's O and log-sum-exp, with ``delta = rowsum(dO * O)`` (XLA, flo
 ``s = scale * q.k``, ``p = exp(s - lse)``:
   dV = P^T dO,   dP = dO V^T,   dS = P * (dP - delta),   dK = scale * dS^T Q,   dQ = scale * dS K.
 FA2's split into two kernels (as JAX's ``attention_mgpu`` backward): each recomputes P, so neither
-needs atomics or a float32 dQ buffer in GMEM.
+needs atomics or a float32 dQ buffer in GMEM; or FA3's one kernel (``fused_dq``, below).
 
   * dK/dV kernel, one CTA per (kv head g, batch b, ``2 * block_kv`` keys). wg 2, the producer
     (40 registers), streams through a ring of ``stages_dkv`` SMEM slots the Q and dO blocks of
@@ -23,6 +23,11 @@ needs atomics or a float32 dQ buffer in GMEM.
       S = Q K^T and dP = dO V^T (issued together), P = exp2(S * c - lse2), dS = P * (dP - delta),
       dQ += dS K;
     KV blocks past the tile's largest k_end are never loaded; below its smallest they run unmasked.
+  * ``BwdConfig.fused_dq`` (FA3's one kernel; head dims 64 and 128): no dQ kernel. The dK/dV kernel's
+    consumers also share their dS^T tiles through SMEM, each forms half of the step's dQ tile over the
+    CTA's 128 keys and adds it into a float32 dQ in GMEM by TMA reduce-add; XLA zeroes that buffer
+    before and scales and casts it after. 10 S^2 d of matmul work instead of the split's 14, for a
+    float32 read-modify-write of dQ per 128 keys in L2.
 
 Masking follows the forward's one rule (key s is visible to row t iff ``s < k_end[b, t]``), so every
 mode of ``flash_attention.key_end`` works, and sequence tails need no divisibility (TMA zero-fills
@@ -65,14 +70,18 @@ class BwdConfig:
     ``block_q_dkv`` query rows of one head, ``stages_dkv`` steps in flight. dQ: each consumer owns 64
     rows, a step is ``block_kv_dq`` keys, ``stages_dq`` in flight. Where dK and dV come from two passes
     (hd 256), ``stages_dv`` is the dV pass's ring (it holds no V tiles, so it fits a deeper one; None:
-    ``stages_dkv``). ``interpretable`` stages the register A operands (P^T, dS^T, dS) in SMEM and
-    accumulates wgmma into fresh zeros, which the Mosaic GPU interpreter can run. ``default_bwd_config``
-    gives the tuned blocks per head dim."""
+    ``stages_dkv``). ``fused_dq`` (head dims 64 with 128-row steps, and 128): FA3's one kernel, the
+    dK/dV kernel forms dQ too and no dQ kernel runs (``_dkv_kernel``). ``interpretable`` stages the
+    register A operands (P^T, dS^T, dS) in SMEM and accumulates wgmma into fresh zeros, which the
+    Mosaic GPU interpreter can run; with ``fused_dq`` it also stores each kv tile's dQ part on its own
+    instead of reducing it by TMA (the interpreter has no TMA reduction). ``default_bwd_config`` gives
+    the tuned blocks per head dim."""
     block_kv_dq: int = 64
     block_q_dkv: int = 64
     stages_dkv: int = 2
     stages_dq: int = 2
     stages_dv: int | None = None
+    fused_dq: bool = False
     interpretable: bool = False
 
     def __post_init__(self):
@@ -89,8 +98,9 @@ class BwdConfig:
                 continue
             if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 4:
                 raise ValueError(f"{name} must be an int from 1 to 4 (SMEM ring depth), got {n!r}")
-        if not isinstance(self.interpretable, bool):
-            raise ValueError(f"interpretable must be True or False, got {self.interpretable!r}")
+        for name in ("fused_dq", "interpretable"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
 
     def smem_bytes(self, head_dim: int, itemsize: int = 2) -> tuple[int, int]:
         """(dK/dV kernel, dQ kernel) shared memory as Mosaic GPU allocates it: each buffer rounded up
@@ -98,14 +108,22 @@ class BwdConfig:
         tile = _BLOCK * head_dim * itemsize
         passes = ("dv", "dk") if head_dim in _TWO_PASSES else ("dkdv",)
         dkv = max(self._dkv_smem_bytes(g, head_dim, itemsize) for g in passes)
+        if self.fused_dq:
+            return self._dkv_smem_bytes("dkdvdq", head_dim, itemsize), 0   # no dQ kernel
         kv = self.stages_dq * self.block_kv_dq * head_dim * itemsize
         staged = 2 * _BLOCK * self.block_kv_dq * itemsize if self.interpretable else 0
         dq = _smem_align(4 * tile) + 2 * _smem_align(kv) + _smem_align(staged) + 8 * (4 + 3 * self.stages_dq)
         return dkv, dq
 
     def dkv_stages(self, grads: str) -> int:
-        """The Q / dO ring depth of a dK/dV launch: ``grads`` "dkdv", "dk" or "dv"."""
+        """The Q / dO ring depth of a dK/dV launch: ``grads`` "dkdv", "dkdvdq", "dk" or "dv"."""
         return (self.stages_dv or self.stages_dkv) if grads == "dv" else self.stages_dkv
+
+    def dq_part(self, head_dim: int) -> tuple[int, int]:
+        """With ``fused_dq``, the (query rows, head-dim columns) of a step's dQ tile (``block_q_dkv`` x
+        ``head_dim``) that one consumer forms and reduces: half the rows of 128-row steps, else half the
+        columns (both halves 64-aligned, as the swizzled SMEM tiles are sliced)."""
+        return (_BLOCK, head_dim) if self.block_q_dkv == 2 * _BLOCK else (self.block_q_dkv, head_dim // 2)
 
     def _dkv_smem_bytes(self, grads: str, head_dim: int, itemsize: int = 2) -> int:
         """One dK/dV launch's shared memory: K tiles (and V tiles, but for the dV pass), the Q / dO ring,
@@ -113,8 +131,13 @@ class BwdConfig:
         bq, stages = self.block_q_dkv, self.dkv_stages(grads)
         tile, staged = _BLOCK * head_dim * itemsize, 2 * _BLOCK * bq * itemsize if self.interpretable else 0
         kv_tiles, staged_tiles = (1 if grads == "dv" else 2), (2 if grads == "dkdv" else 1)
+        fused = 0
+        if grads == "dkdvdq":   # dS^T of both consumers x 2 parities (bf16), each consumer's dQ part (f32)
+            rows, cols = self.dq_part(head_dim)
+            fused = _smem_align(4 * _BLOCK * bq * itemsize) + _smem_align(2 * rows * cols * 4) + 8 * 3
         return (kv_tiles * _smem_align(2 * tile) + 2 * _smem_align(stages * bq * head_dim * itemsize)
-                + _smem_align(stages * 3 * bq * 4) + staged_tiles * _smem_align(staged) + 8 * (4 + 4 * stages))
+                + _smem_align(stages * 3 * bq * 4) + staged_tiles * _smem_align(staged) + 8 * (4 + 4 * stages)
+                + fused)
 
     def check_head_dim(self, head_dim: int, itemsize: int = 2) -> None:
         if head_dim not in HEAD_DIMS:
@@ -132,6 +155,10 @@ class BwdConfig:
             raise ValueError(f"{self}: block_kv_dq={self.block_kv_dq} is too many keys at head dim {head_dim}: a "
                              f"dQ consumer's S and dP of {self.block_kv_dq} keys beside its dQ accumulator would "
                              f"need {need} float32 registers a thread (it has {_REGS} in all)")
+        if self.fused_dq and (head_dim in _TWO_PASSES or (self.block_q_dkv == _BLOCK and head_dim % 128)):
+            raise ValueError(f"{self}: fused_dq takes head dims 64 (with block_q_dkv=128) and 128, got head dim "
+                             f"{head_dim}: a consumer forms half of a step's dQ tile, split by 64 rows or 64 "
+                             f"columns, and at head dim 256 the dQ part does not fit SMEM beside K and V")
         for name, need in zip(("dK/dV", "dQ"), self.smem_bytes(head_dim, itemsize)):
             if need > _SMEM_LIMIT:
                 raise ValueError(f"{self}: the {name} kernel needs {need} bytes of shared memory at head dim "
@@ -178,6 +205,15 @@ def _gemms(pairs, accs, staged=None):
     return tuple(acc + o for acc, o in zip(accs, out))
 
 
+def _sum_gemms(pairs, shape):
+    """``sum_i a_i @ b_i`` (SMEM operands) into a fresh float32 accumulator of ``shape``."""
+    def body(ref):
+        for a, b in pairs:
+            plgpu.wgmma(ref, a, b)
+        return ref[...]
+    return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
+
+
 def _at(ref, i):  # a consumer's staging tile (interpretable only)
     return None if ref is None else ref.at[i]
 
@@ -187,15 +223,26 @@ def _zeros(shape):
 
 
 # ---------------------------------------------------------------- dK / dV
-def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, qlo_ref, qhi_ref, *outs_scoped,
+def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, qlo_ref, qhi_ref, *refs,
                 cfg: BwdConfig, n_rep: int, scale_log2: float, scale: float, grads: str):
     """``grads``: "dkdv" (both accumulators), or one of them per launch, "dv" or "dk" (head dim 256, where
-    the two would need 256 registers a thread): the "dv" pass neither loads V nor forms dP."""
+    the two would need 256 registers a thread): the "dv" pass neither loads V nor forms dP.
+
+    "dkdvdq" (``fused_dq``, FA3's one kernel) forms dQ too; ``refs`` then begin with ``dq_ref``, the
+    float32 dQ [B, Tq, H, d] in GMEM (the interpretable form: one part per kv tile, [tiles, B, Tq, H, d]),
+    zeros at the start. Each step, each consumer stores its dS^T (64 keys x ``bq`` rows, bf16) in SMEM,
+    in one of two slots by step parity; once both have (``sync``, two arrivals), consumer c forms its half
+    of the step's dQ tile over all 128 keys of the CTA, dQ_c = dS[rows_c, :] K[:, cols_c] (the dS^T
+    tiles read transposed, ``BwdConfig.dq_part``), and reduces it into ``dq_ref`` by TMA (``add``). The
+    parity slots make one barrier a step enough: a consumer rewrites a slot two steps later, after the
+    other has passed the next step's barrier, so after its dQ wgmmas that read the slot."""
     bq, bkv, stages = cfg.block_q_dkv, _BLOCK, cfg.dkv_stages(grads)
-    *outs, scoped = outs_scoped
-    (k_tiles, v_tiles, q_smem, do_smem, st_smem, pt_smem, dst_smem), (kv_ready, q_ready, do_ready, st_ready), \
-        free = scoped
-    want_dk, want_dv = grads in ("dkdv", "dk"), grads in ("dkdv", "dv")
+    fused = grads == "dkdvdq"
+    dq_ref = refs[0] if fused else None
+    *outs, scoped = refs[1:] if fused else refs
+    (k_tiles, v_tiles, q_smem, do_smem, st_smem, pt_smem, dst_smem, ds_smem, dq_smem), \
+        (kv_ready, q_ready, do_ready, st_ready), free, *sync = scoped
+    want_dk, want_dv = grads in ("dkdv", "dkdvdq", "dk"), grads in ("dkdv", "dkdvdq", "dv")
     gi, bi, ti, wg = (lax.axis_index(n) for n in ("kv_heads", "batch", "kv_tiles", "wg"))
     qlo, n_q = qlo_ref[bi, ti], qhi_ref[bi, ti] - qlo_ref[bi, ti]
     n_steps = n_rep * n_q                 # step i: query head gi * n_rep + i // n_q, q block qlo + i % n_q (bq rows)
@@ -212,11 +259,11 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, qlo_ref, qhi_ref, *outs_
             plgpu.copy_gmem_to_smem(v_ref.at[rows], v_smem, kv_ready.at[2 + wg])
         staged = lambda *tiles: tiles if cfg.interpretable else None
         key_tile = lambda: plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 0, layout=_WGMMA) + k_base
-        key = key_tile() if grads == "dkdv" else None   # one pass: made per step, 32 registers fewer to hold
+        key = key_tile() if grads == "dkdv" else None   # else made per step, 32 registers fewer to hold
         plgpu.barrier_wait(kv_ready.at[wg])
         if want_dk:
             plgpu.barrier_wait(kv_ready.at[2 + wg])
-        lo = k_smem.dtype
+        lo, d = k_smem.dtype, k_smem.shape[-1]
 
         def step(ki, carry):
             dk, dv = carry   # None: the gradient this launch does not form
@@ -248,13 +295,49 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, qlo_ref, qhi_ref, *outs_
                 dv = done[0]
             if want_dk:
                 dst = (pt * (done[-1] - col(1))).astype(lo)
-                (dk,) = _gemms(((dst, q_smem.at[slot]),), (dk,), staged(_at(dst_smem, wg)))
-            plgpu.barrier_arrive(free.at[slot])
+                if fused:
+                    dk = _dk_and_dq(ki, slot, dst, dk)
+                else:
+                    (dk,) = _gemms(((dst, q_smem.at[slot]),), (dk,), staged(_at(dst_smem, wg)))
+            if not fused:
+                plgpu.barrier_arrive(free.at[slot])
             return dk, dv
 
-        d = k_smem.shape[-1]
+        def _dk_and_dq(ki, slot, dst, dk):
+            """dK += dS^T Q (dS^T from its SMEM slot); then, once the other consumer's dS^T is stored,
+            this consumer's dQ part, reduced into ``dq_ref``."""
+            par = lax.rem(ki, 2)
+            ds_own = ds_smem.at[par, wg]
+            ds_own[...] = dst
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(sync[0].at[par])
+            (dk,) = _gemms(((ds_own, q_smem.at[slot]),), (dk,), staged(None))
+            plgpu.barrier_arrive(free.at[slot])   # Q and dO are no longer read
+            plgpu.barrier_wait(sync[0].at[par])
+            hi, qb = head_block(ki)
+            rows, cols = cfg.dq_part(d)
+            for c in range(2):   # static slices of the swizzled tiles: one branch per consumer
+                @pl.when(wg == c)
+                def _():
+                    r0, c0 = (c * rows, 0) if rows < bq else (0, c * cols)
+                    pairs = tuple((ds_smem.at[par, j, :, pl.ds(r0, rows)].T, k_tiles.at[j, :, pl.ds(c0, cols)])
+                                  for j in range(2))
+                    dq = _sum_gemms(pairs, (rows, cols))
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # the last reduce has read dq_smem
+                    dq_smem.at[c][...] = dq
+                    plgpu.commit_smem()
+                    target = (bi, pl.ds(qb * bq + r0, rows), hi, pl.ds(c0, cols))
+                    if cfg.interpretable:
+                        plgpu.copy_smem_to_gmem(dq_smem.at[c], dq_ref.at[(ti,) + target])
+                    else:
+                        plgpu.copy_smem_to_gmem(dq_smem.at[c], dq_ref.at[target], reduction_op="add")
+            return dk
+
         zeros = lambda want: _zeros((bkv, d)) if want else None
         dk, dv = lax.fori_loop(0, n_steps, step, (zeros(want_dk), zeros(want_dv)))
+        if fused:   # the other consumer's last dQ wgmmas read this K tile, about to stage dK
+            plgpu.barrier_arrive(sync[0].at[2])
+            plgpu.barrier_wait(sync[0].at[2])
         # K and V are no longer read: their SMEM stages the outputs in order (a one-gradient pass: K's)
         results = [r for r in (dk * scale if want_dk else None, dv) if r is not None]
         for smem, r in zip((k_smem, v_smem), results):
@@ -340,15 +423,17 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, kend_ref, kmin_ref, kmax_
 
 
 # ---------------------------------------------------------------- builders and entry
-def _call(body, out_type, grid, names, scratch, ready, stages: int, name: str):
-    """``plgpu.kernel`` of ``body(*refs, (smem, ready barriers, free))`` on 2 consumers + 1 producer;
-    ``free``: a slot of the ring may be refilled (both consumers arrive). ``name`` names the CUDA kernel
-    (``{name}_mosaic_gpu_kernel`` in profiles and in compute-sanitizer's ``--kernel-name kns=`` filter)."""
+def _call(body, out_type, grid, names, scratch, ready, stages: int, name: str, sync: int = 0):
+    """``plgpu.kernel`` of ``body(*refs, (smem, ready barriers, free[, sync]))`` on 2 consumers + 1
+    producer; ``free``: a slot of the ring may be refilled (both consumers arrive); ``sync``: that many
+    barriers the two consumers meet at. ``name`` names the CUDA kernel (``{name}_mosaic_gpu_kernel``
+    in profiles and in compute-sanitizer's ``--kernel-name kns=`` filter)."""
     barriers = tuple(plgpu.Barrier(num_barriers=n) for n in ready)
     free = plgpu.Barrier(num_arrivals=2, num_barriers=stages)
+    meet = (plgpu.Barrier(num_arrivals=2, num_barriers=sync),) if sync else ()
 
     def entry(*refs):
-        pl.run_scoped(lambda smem, bars, fr: body(*refs, (smem, bars, fr)), scratch, barriers, free,
+        pl.run_scoped(lambda smem, bars, *fr: body(*refs, (smem, bars, *fr)), scratch, barriers, free, *meet,
                       collective_axes="wg")
     # No cross-warp reductions: Mosaic GPU's default 2 KiB reduction scratch is not needed.
     return plgpu.kernel(entry, out_type=out_type, grid=grid, grid_names=names, num_threads=3, thread_name="wg",
@@ -358,19 +443,24 @@ def _call(body, out_type, grid, names, scratch, ready, stages: int, name: str):
 
 def _build_dkv(B, H, Sk, G, d, dtype, cfg: BwdConfig, scale: float, grads: str = "dkdv"):
     """``dkv(q, k, v, do, stats, qlo, qhi) -> (dk, dv)`` [B, Sk, G, d]; with ``grads`` "dk" or "dv" that one
-    alone (a 1-tuple)."""
-    stages, bq = cfg.dkv_stages(grads), cfg.block_q_dkv
+    alone (a 1-tuple); "dkdvdq": ``dkv(q, k, v, do, stats, qlo, qhi, dq_acc) -> (dk, dv)``, adding dQ
+    (unscaled) into the float32 ref ``dq_acc`` (``_dkv_kernel``)."""
+    stages, bq, fused = cfg.dkv_stages(grads), cfg.block_q_dkv, grads == "dkdvdq"
     tile = _smem_tiled((stages, bq, d), dtype)   # the ring of Q and dO blocks
     staged = _smem_tiled((2, _BLOCK, bq), dtype) if cfg.interpretable else None
     own = _smem_tiled((2, _BLOCK, d), dtype)   # each consumer's K or V tile
+    fused_tiles = (None, None)
+    if fused:   # dS^T [parity, consumer, keys, rows]; each consumer's float32 dQ part
+        fused_tiles = (_smem_tiled((2, 2, _BLOCK, bq), dtype), _smem_tiled((2, *cfg.dq_part(d)), jnp.float32))
     scratch = (own, own if grads != "dv" else None, tile, tile, plgpu.SMEM((stages, 3, bq), jnp.float32),
-               staged if grads != "dk" else None, staged if grads != "dv" else None)
+               staged if grads != "dk" else None, staged if grads in ("dkdv", "dk") else None, *fused_tiles)
     body = functools.partial(_dkv_kernel, cfg=cfg, n_rep=H // G, scale_log2=scale * _LOG2E, scale=scale,
                              grads=grads)
     out = jax.ShapeDtypeStruct((B, Sk, G, d), dtype)
-    return _call(body, (out, out) if grads == "dkdv" else (out,), (G, B, pl.cdiv(Sk, 2 * _BLOCK)),
+    return _call(body, (out, out) if grads in ("dkdv", "dkdvdq") else (out,), (G, B, pl.cdiv(Sk, 2 * _BLOCK)),
                  ("kv_heads", "batch", "kv_tiles"), scratch, (4, stages, stages, stages), stages,
-                 "fa3_bwd_dkv" if grads == "dkdv" else f"fa3_bwd_{grads}")
+                 {"dkdv": "fa3_bwd_dkv", "dkdvdq": "fa3_bwd"}.get(grads, f"fa3_bwd_{grads}"),
+                 sync=3 if fused else 0)
 
 
 def _build_dq(B, Tq, H, Sk, G, d, dtype, cfg: BwdConfig, scale: float):
@@ -430,6 +520,12 @@ def flash_attention_bwd(q_BTHd, k_BSGd, v_BSGd, o_BTHd, lse_BHT, do_BTHd, kend_B
     stats = jnp.pad(stats, ((0, 0), (0, 0), (0, 0), (0, Tp - T)))     # [B, H, (lse2, delta, k_end), Tp]
     qlo, qhi = _q_block_ranges(kend, pl.cdiv(Sk, rows), cfg.block_q_dkv)
     args = (q, k, v, do, stats, qlo, qhi)
+    if cfg.fused_dq:   # one kernel; dQ summed in float32 (by TMA, or over the interpretable form's parts)
+        parts = (pl.cdiv(Sk, rows),) if cfg.interpretable else ()
+        dq_acc = jax.new_ref(jnp.zeros((*parts, B, Tp, H, d), f32))
+        dk, dv = _build_dkv(B, H, Sk, G, d, q.dtype, cfg, scale, "dkdvdq")(*args, dq_acc)
+        dq = dq_acc[...].sum(0) if cfg.interpretable else dq_acc[...]
+        return (dq[:, :T] * scale).astype(q.dtype), dk[:, :S], dv[:, :S]
     if d in _TWO_PASSES:   # dV, then dK: each pass's accumulator alone fits a consumer's registers
         (dv,) = _build_dkv(B, H, Sk, G, d, q.dtype, cfg, scale, "dv")(*args)
         (dk,) = _build_dkv(B, H, Sk, G, d, q.dtype, cfg, scale, "dk")(*args)
@@ -462,12 +558,16 @@ def main(argv=None) -> None:
     ap.add_argument("--stages-dkv", type=int, help="default: default_bwd_config's")
     ap.add_argument("--stages-dq", type=int, help="default: default_bwd_config's")
     ap.add_argument("--stages-dv", type=int, help="hd 256's dV pass; default: default_bwd_config's")
+    ap.add_argument("--fused-dq", type=int, choices=(0, 1), help="one kernel (1) or dK/dV + dQ kernels (0); "
+                    "default: default_bwd_config's")
     ap.add_argument("--no-check", action="store_true", help="skip the float32 reference (e.g. under racecheck)")
     a = ap.parse_args(argv)
     d = a.head_dim or (64 if a.small else 128)
     B, S = (1, 300) if a.small else (16384 // a.seq, a.seq)
     given = {f: getattr(a, f) for f in ("block_kv_dq", "block_q_dkv", "stages_dkv", "stages_dq", "stages_dv")
              if getattr(a, f) is not None}
+    if a.fused_dq is not None:
+        given["fused_dq"] = bool(a.fused_dq)
     cfg = dataclasses.replace(default_bwd_config(d), **given)
     H = 2 if a.small else 2048 // d
     q, k, v, do = (jax.random.normal(kk, (B, S, H, d), jnp.bfloat16) for kk in jax.random.split(jax.random.key(0), 4))

@@ -31,9 +31,15 @@ def test_head_option_refuses_a_folder_of_no_known_kind(tmp_path):
 
 def test_bwd_variant_option_reads_backward_configs():
     import bench_fa3_bwd
-    from pallas_kernels.flash_attention_bwd import BwdConfig
+    import jax.numpy as jnp
     assert bench_fa3_bwd.parse_variant("v1:block_q_dkv=64,block_kv_dq=64") == (
-        "v1", BwdConfig(block_q_dkv=64, block_kv_dq=64))
+        "v1", dict(block_q_dkv=64, block_kv_dq=64))
+    assert bench_fa3_bwd.parse_variant("one:fused_dq=1") == ("one", dict(fused_dq=True))
+    # the fields replace a row's default: fused at hd 64 keeps its 128-row steps, at hd 256 it is refused
+    shape, impls = bench_fa3_bwd._impls(1024, 64, False, jnp.bfloat16, False, [("one", dict(fused_dq=True))])
+    assert "specjax_one" in impls
+    shape, impls = bench_fa3_bwd._impls(1024, 256, False, jnp.bfloat16, False, [("one", dict(fused_dq=True))])
+    assert "specjax_one" not in impls
     for bad, why in (("q128", "NAME:FIELD=VALUE"), ("x:blocks=2", "not FIELD=INT"), ("x:stages_dq=a", "not FIELD=INT"),
                      ("x:block_q_dkv=96", "block_q_dkv must be 64 or 128")):
         with pytest.raises(ValueError, match=why):

@@ -16,6 +16,8 @@ from pallas_kernels.flash_attention_bwd import (BWD_TUNED, HEAD_DIMS, BwdConfig,
 from pallas_kernels.flash_attention_vjp import attention_bwd_blocked, flash_attention
 
 INTERP = BwdConfig(interpretable=True)
+FUSED_64 = BwdConfig(interpretable=True, fused_dq=True, block_q_dkv=128, stages_dkv=1)   # dQ parts by row halves
+FUSED_128 = BwdConfig(interpretable=True, fused_dq=True)                                   # by column halves
 FWD_INTERP = TuningConfig(block_kv=64, interpretable=True)
 
 
@@ -73,6 +75,8 @@ def _run(shape, mode, cfg, dtype=jnp.bfloat16, fwd_cfg=None, seed=3, interpret=T
     ("none", (1, 5, 2, 9, 1, 64), INTERP),                                    # shorter than one block
     ("top_left", (1, 300, 2, 300, 1, 64), BwdConfig(interpretable=True, block_q_dkv=128)),  # 128-row dK/dV steps
     ("bottom_right", (2, 77, 4, 150, 2, 256), default_bwd_config(256, interpretable=True)),  # dV, then dK: 2 passes
+    ("top_left", (1, 300, 2, 300, 1, 64), FUSED_64),                          # one kernel: dQ from dK/dV's steps
+    ("bottom_right", (2, 77, 4, 150, 2, 128), FUSED_128),                     # ... by column halves, GQA
 ])
 def test_interpreter_matches_grad_of_reference(mode, shape, cfg):
     """Tiles of one to four steps in both kernels, ring depths 1 to 3, dK/dV steps of 64 and 128 query
@@ -84,7 +88,8 @@ def test_interpreter_matches_grad_of_reference(mode, shape, cfg):
     _check_grads(got, [b.astype(jnp.float32) for b in blocked], tol=1e-2)
 
 
-@pytest.mark.parametrize("cfg", [INTERP, default_bwd_config(64, interpretable=True)], ids=["q64-64", "hd64-default"])
+@pytest.mark.parametrize("cfg", [INTERP, default_bwd_config(64, interpretable=True), FUSED_64],
+                         ids=["q64-64", "hd64-default", "fused"])
 def test_interpreter_finds_no_races(cfg):
     shape = (1, 130, 2, 200, 1, 64)
     B, T, H, S, G, d = shape
@@ -154,6 +159,21 @@ def test_lowers_for_cuda(d, dtype, cfg):
     assert "fa3_bwd_dkv_mosaic_gpu" in text and "fa3_bwd_dq_mosaic_gpu" in text
 
 
+@pytest.mark.parametrize("d,cfg", [(64, BwdConfig(fused_dq=True, block_q_dkv=128)),
+                                   (64, BwdConfig(fused_dq=True, block_q_dkv=128, stages_dkv=1)),
+                                   (128, BwdConfig(fused_dq=True)), (128, BwdConfig(fused_dq=True, stages_dkv=1))])
+@pytest.mark.parametrize("dtype", ("bfloat16", "float16"))
+def test_lowers_for_cuda_as_one_kernel(d, cfg, dtype):
+    """``fused_dq``: one launch (``fa3_bwd``) forms dK, dV and dQ, its dQ parts reduced by TMA (``add``)."""
+    B, T, H, S, G = 2, 1000, 8, 777, 2
+    q = jax.ShapeDtypeStruct((B, T, H, d), jnp.dtype(dtype))
+    k = jax.ShapeDtypeStruct((B, S, G, d), jnp.dtype(dtype))
+    lse, kend = jax.ShapeDtypeStruct((B, H, T), jnp.float32), jax.ShapeDtypeStruct((B, T), jnp.int32)
+    text = jax.jit(lambda *a: flash_attention_bwd(*a, config=cfg)).trace(q, k, k, q, lse, q, kend).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert text.count("custom_call @mosaic_gpu") == 1 and "fa3_bwd_mosaic_gpu" in text
+
+
 @pytest.mark.parametrize("dtype", ("bfloat16", "float16"))
 def test_lowers_for_cuda_in_two_passes_at_hd_256(dtype):
     """At hd 256 the dK/dV kernel runs twice (dV, then dK) beside the dQ kernel, in one stage each."""
@@ -172,7 +192,9 @@ def test_lowers_for_cuda_in_two_passes_at_hd_256(dtype):
                                    (64, BwdConfig(block_q_dkv=128, stages_dkv=3)),
                                    (64, BwdConfig(interpretable=True, block_q_dkv=128)),
                                    (256, default_bwd_config(256)), (256, BwdConfig(stages_dkv=1, stages_dq=1)),
-                                   (256, default_bwd_config(256, interpretable=True))])
+                                   (256, default_bwd_config(256, interpretable=True)),
+                                   (64, BwdConfig(fused_dq=True, block_q_dkv=128)), (128, BwdConfig(fused_dq=True)),
+                                   (128, BwdConfig(fused_dq=True, interpretable=True))])
 def test_smem_bytes_is_what_mosaic_allocates(d, cfg):
     """``smem_bytes`` (behind ``check_head_dim``'s error) equals Mosaic GPU's own count for both kernels
     (at hd 256 each of the two dK/dV passes; ``smem_bytes`` reports the larger): lowering under a limit one
@@ -182,12 +204,19 @@ def test_smem_bytes_is_what_mosaic_allocates(d, cfg):
     B, T, H, S, G = 1, 512, 2, 512, 1
     q, k = jax.ShapeDtypeStruct((B, T, H, d), jnp.bfloat16), jax.ShapeDtypeStruct((B, S, G, d), jnp.bfloat16)
     stats, ints = jax.ShapeDtypeStruct((B, H, 3, T), jnp.float32), jax.ShapeDtypeStruct((B, T), jnp.int32)
-    passes = ("dv", "dk") if d == 256 else ("dkdv",)
-    calls = [(_build_dkv(B, H, S, G, d, jnp.bfloat16, cfg, 0.1, g), (q, k, k, q, stats, ints, ints),
-              cfg._dkv_smem_bytes(g, d)) for g in passes]
-    calls.append((_build_dq(B, T, H, S, G, d, jnp.bfloat16, cfg, 0.1), (q, k, k, q, stats, ints, ints, ints),
-                  cfg.smem_bytes(d)[1]))
-    assert cfg.smem_bytes(d)[0] == max(want for _, _, want in calls[:-1])
+    if cfg.fused_dq:   # one launch, adding dQ into a float32 ref (the interpretable form: a part per kv tile)
+        fused = _build_dkv(B, H, S, G, d, jnp.bfloat16, cfg, 0.1, "dkdvdq")
+        acc = ((S // 128,) if cfg.interpretable else ()) + (B, T, H, d)
+        fn = lambda *a: fused(*a, jax.new_ref(jnp.zeros(acc, jnp.float32)))
+        calls = [(fn, (q, k, k, q, stats, ints, ints), cfg._dkv_smem_bytes("dkdvdq", d))]
+        assert cfg.smem_bytes(d) == (calls[0][2], 0)
+    else:
+        passes = ("dv", "dk") if d == 256 else ("dkdv",)
+        calls = [(_build_dkv(B, H, S, G, d, jnp.bfloat16, cfg, 0.1, g), (q, k, k, q, stats, ints, ints),
+                  cfg._dkv_smem_bytes(g, d)) for g in passes]
+        calls.append((_build_dq(B, T, H, S, G, d, jnp.bfloat16, cfg, 0.1), (q, k, k, q, stats, ints, ints, ints),
+                      cfg.smem_bytes(d)[1]))
+        assert cfg.smem_bytes(d)[0] == max(want for _, _, want in calls[:-1])
     for fn, args, want in calls:
         with mgpu_core.artificial_shared_memory_limit(want - 1), pytest.raises(ValueError) as err:
             jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
@@ -227,6 +256,12 @@ def test_config_and_input_validation():
         BwdConfig(block_q_dkv=128, stages_dkv=1, stages_dq=1).check_head_dim(256)
     with pytest.raises(ValueError, match="block_kv_dq=128 is too many keys at head dim 256"):
         BwdConfig(block_kv_dq=128, stages_dkv=1, stages_dq=1).check_head_dim(256)
+    with pytest.raises(ValueError, match="fused_dq must be True or False"):
+        BwdConfig(fused_dq=1)
+    with pytest.raises(ValueError, match="fused_dq takes head dims 64"):
+        BwdConfig(fused_dq=True).check_head_dim(64)   # 64-row steps at hd 64: no 64-aligned half of the dQ tile
+    with pytest.raises(ValueError, match="fused_dq takes head dims 64"):
+        BwdConfig(fused_dq=True, stages_dkv=1, stages_dq=1).check_head_dim(256)
     q, k, v, do = _inputs(0, 1, 64, 2, 64, 1, 64, jnp.bfloat16)
     kend = key_end(1, 64, 64)
     with pytest.raises(ValueError, match="lse"):
@@ -252,12 +287,16 @@ GPU_CASES = ([("bfloat16" if i % 2 else "float16", hd, mode, BwdConfig()) for hd
              + [(dtype, 64, mode, c) for dtype in ("bfloat16", "float16") for mode in MODES
                 for c in (BwdConfig(block_q_dkv=128), BwdConfig(block_q_dkv=128, block_kv_dq=128))]
              + [(dtype, 256, mode, default_bwd_config(256)) for dtype in ("bfloat16", "float16")
-                for mode in MODES])   # two dK/dV passes
+                for mode in MODES]    # two dK/dV passes
+             + [(dtype, hd, mode, c) for dtype in ("bfloat16", "float16") for mode in MODES
+                for hd, c in ((64, BwdConfig(fused_dq=True, block_q_dkv=128, block_kv_dq=128)),
+                              (128, BwdConfig(fused_dq=True)))])   # one kernel, dQ reduced by TMA
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,hd,mode,cfg", GPU_CASES, ids=lambda x: (
-    f"q{x.block_q_dkv}-{x.block_kv_dq}-{x.stages_dkv}{x.stages_dq}" if isinstance(x, BwdConfig) else None))
+    f"q{x.block_q_dkv}-{x.block_kv_dq}-{x.stages_dkv}{x.stages_dq}{'-fused' * x.fused_dq}"
+    if isinstance(x, BwdConfig) else None))
 def test_gpu_matches_float32_reference(dtype, hd, mode, cfg):
     """Register A operands (the interpreter's staged SMEM form is not this code): GQA, odd lengths,
     every mask, outputs poisoned first, against autodiff of the float32 reference."""
