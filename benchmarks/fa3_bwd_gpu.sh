@@ -12,11 +12,15 @@
 #   TESTS_FIRST=1 TESTS_S=150 TESTS_K=fused MAIN=fused RACE=0 FWD_GRAD=1 TAG=_fused BENCH_S=230 \
 #     BENCH_ARGS="--head-dims 64,128 --blocked-max 0 --rounds 2 --variant fused:fused_dq=1" \
 #     bash benchmarks/fa3_bwd_gpu.sh                         # the one-kernel backward (fused_dq) against two kernels
+#   TESTS_FIRST=1 TESTS_S=100 TESTS_K="fused and bfloat16" MAIN=fused FUSED_ALL=0 RACE=0 FWD_GRAD=1 FWD_GRAD_S=120 \
+#     TAG=_fusedB BENCH_S=60 BENCH_ARGS="--quick --head-dims 128,64 --blocked-max 0 --rounds 2 \
+#     --variant fused:fused_dq=1" bash benchmarks/fa3_bwd_gpu.sh   # its final form, in the session's last 313 s
 # The FA3 backward kernels (pallas_kernels/flash_attention_bwd.py): (TESTS_FIRST=1) the backward's GPU tests, 4
 # workers; main() (error against the float32 reference, per-kernel CUPTI times, TFLOPS, wall clock) at hd 128 / 64
 # for the default config and a few others (MAIN=all; MAIN=q128: hd 64 with 64- and 128-row dK/dV steps; MAIN=hd256:
 # hd 256 non-causal and causal, and ptxas' register / spill report; MAIN=fused: hd 128 / 64 with fused_dq 0 and
-# 1, and ptxas' report of the fused kernel; any other
+# 1, then (unless FUSED_ALL=0) causal hd 128 and ptxas' report of the fused kernel; FWD_GRAD=1: the forward file's GPU
+# tests through the custom_vjp; any other
 # value, e.g. MAIN=none: no main() step); the backward table (bench_fa3_bwd.py, also into $OUT); one
 # compute-sanitizer racecheck run (RACE=1); then (RUN_TESTS=1) the GPU tests in one process. Everything but the
 # table goes to $OUT/fa3_bwd_log.txt.
@@ -44,8 +48,8 @@ elif [ "$MAIN" = fused ]; then   # the one-kernel backward against the two kerne
     step main${hd}_two 40 3 $main --seq 4096 --head-dim $hd --fused-dq 0
     step main${hd}_fused 40 3 $main --seq 4096 --head-dim $hd --fused-dq 1
   done
-  step main128c_fused 40 3 $main --seq 4096 --head-dim 128 --causal --fused-dq 1
-  for hd in 128 64; do
+  [ "${FUSED_ALL:-1}" = 1 ] && step main128c_fused 40 3 $main --seq 4096 --head-dim 128 --causal --fused-dq 1
+  [ "${FUSED_ALL:-1}" = 1 ] && for hd in 128 64; do
     step ptxas${hd} 45 12 bash -c "MOSAIC_GPU_DUMP_PTXAS=1 $main --small --head-dim $hd --fused-dq 1 2>&1 \
       | grep -i -E 'spill|registers|fa3_bwd|relative'"
   done
@@ -56,7 +60,7 @@ elif [ "$MAIN" = q128 ]; then
 fi
 if [ "${FWD_GRAD:-0}" = 1 ]; then   # the forward file's GPU tests that differentiate through the custom_vjp
   step fwd_grad "${FWD_GRAD_S:-120}" 12 env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -m gpu \
-    tests/test_flash_attention.py -q -rfEs -p no:cacheprovider --tb=short -n 4 -k "grad or differentiable or vjp"
+    tests/test_flash_attention.py -q -rA -p no:cacheprovider --tb=short -n 4 -k "grad or differentiable or vjp"
 fi
 step bench "${BENCH_S:-330}" 45 python3 benchmarks/bench_fa3_bwd.py ${BENCH_ARGS:-} --tag "${TAG:-}"
 [ "${RACE:-1}" = 1 ] && step race 140 4 compute-sanitizer --tool racecheck $main --small

@@ -205,15 +205,6 @@ def _gemms(pairs, accs, staged=None):
     return tuple(acc + o for acc, o in zip(accs, out))
 
 
-def _sum_gemms(pairs, shape):
-    """``sum_i a_i @ b_i`` (SMEM operands) into a fresh float32 accumulator of ``shape``."""
-    def body(ref):
-        for a, b in pairs:
-            plgpu.wgmma(ref, a, b)
-        return ref[...]
-    return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
-
-
 def _at(ref, i):  # a consumer's staging tile (interpretable only)
     return None if ref is None else ref.at[i]
 
@@ -229,7 +220,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, qlo_ref, qhi_ref, *refs,
     the two would need 256 registers a thread): the "dv" pass neither loads V nor forms dP.
 
     "dkdvdq" (``fused_dq``, FA3's one kernel) forms dQ too; ``refs`` then begin with ``dq_ref``, the
-    float32 dQ [B, Tq, H, d] in GMEM (the interpretable form: one part per kv tile, [tiles, B, Tq, H, d]),
+    float32 dQ [B, Tp, H, d] in GMEM (the interpretable form: one part per kv tile, [tiles, B, Tp, H, d]),
     zeros at the start. Each step, each consumer stores its dS^T (64 keys x ``bq`` rows, bf16) in SMEM,
     in one of two slots by step parity; once both have (``sync``, two arrivals), consumer c forms its half
     of the step's dQ tile over all 128 keys of the CTA, dQ_c = dS[rows_c, :] K[:, cols_c] (the dS^T
@@ -304,33 +295,51 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, qlo_ref, qhi_ref, *refs,
             return dk, dv
 
         def _dk_and_dq(ki, slot, dst, dk):
-            """dK += dS^T Q (dS^T from its SMEM slot); then, once the other consumer's dS^T is stored,
-            this consumer's dQ part, reduced into ``dq_ref``."""
+            """dK += dS^T Q (dS^T from its SMEM slot), issued before the wait for the other consumer's
+            dS^T; then this consumer's dQ part over both, the three wgmmas waited for together; the dQ
+            part goes to ``dq_ref`` by a TMA reduce-add."""
             par = lax.rem(ki, 2)
             ds_own = ds_smem.at[par, wg]
             ds_own[...] = dst
             plgpu.commit_smem()
             plgpu.barrier_arrive(sync[0].at[par])
-            (dk,) = _gemms(((ds_own, q_smem.at[slot]),), (dk,), staged(None))
-            plgpu.barrier_arrive(free.at[slot])   # Q and dO are no longer read
-            plgpu.barrier_wait(sync[0].at[par])
-            hi, qb = head_block(ki)
             rows, cols = cfg.dq_part(d)
-            for c in range(2):   # static slices of the swizzled tiles: one branch per consumer
-                @pl.when(wg == c)
-                def _():
-                    r0, c0 = (c * rows, 0) if rows < bq else (0, c * cols)
-                    pairs = tuple((ds_smem.at[par, j, :, pl.ds(r0, rows)].T, k_tiles.at[j, :, pl.ds(c0, cols)])
-                                  for j in range(2))
-                    dq = _sum_gemms(pairs, (rows, cols))
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # the last reduce has read dq_smem
-                    dq_smem.at[c][...] = dq
-                    plgpu.commit_smem()
-                    target = (bi, pl.ds(qb * bq + r0, rows), hi, pl.ds(c0, cols))
-                    if cfg.interpretable:
-                        plgpu.copy_smem_to_gmem(dq_smem.at[c], dq_ref.at[(ti,) + target])
-                    else:
-                        plgpu.copy_smem_to_gmem(dq_smem.at[c], dq_ref.at[target], reduction_op="add")
+            # rows r0.. and columns c0.. of the step's dQ tile, over both consumers' keys (tiles 0 and 1:
+            # traced, as a Python int index of a ref used inside run_state is a constant its lowering
+            # cannot carry; for the same reason only the split dim is sliced)
+            tiles = (wg * 0, wg * 0 + 1)
+            if rows < bq:
+                r0, c0 = wg * rows, 0
+                pairs = tuple((ds_smem.at[par, j, :, pl.ds(r0, rows)].T, k_tiles.at[j]) for j in tiles)
+            else:
+                r0, c0 = 0, wg * cols
+                pairs = tuple((ds_smem.at[par, j].T, k_tiles.at[j, :, pl.ds(c0, cols)]) for j in tiles)
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # the last reduce has read dq_smem
+
+            def dq_part(acc):   # issued behind dK's wgmma; reading it waits for both
+                for a, b in pairs:
+                    plgpu.wgmma(acc, a, b)
+                dq_smem.at[wg][...] = acc[...]
+
+            def body(refs):
+                plgpu.wgmma(refs[0], ds_own, q_smem.at[slot])
+                plgpu.barrier_wait(sync[0].at[par])   # the other consumer's dS^T is in SMEM
+                pl.run_scoped(dq_part, plgpu.ACC((rows, cols), jnp.float32))
+            if cfg.interpretable:   # a fresh dK accumulator, added after
+                def fresh(ref):
+                    body((ref,))
+                    return ref[...]
+                dk = dk + pl.run_scoped(fresh, plgpu.ACC((bkv, d), jnp.float32))
+            else:
+                (dk,) = pl.run_state(body)((plgpu.ACC.init(dk),))
+            plgpu.barrier_arrive(free.at[slot])   # Q and dO are no longer read
+            hi, qb = head_block(ki)
+            plgpu.commit_smem()
+            target = (bi, pl.ds(qb * bq + r0, rows), hi, pl.ds(c0, cols))
+            if cfg.interpretable:
+                plgpu.copy_smem_to_gmem(dq_smem.at[wg], dq_ref.at[(ti,) + target])
+            else:
+                plgpu.copy_smem_to_gmem(dq_smem.at[wg], dq_ref.at[target], reduction_op="add")
             return dk
 
         zeros = lambda want: _zeros((bkv, d)) if want else None
