@@ -139,6 +139,16 @@ def test_q_block_ranges_cover_exactly_the_blocks_that_see_the_tile():
 
 
 # ---------------------------------------------------------------- CPU: lowering for CUDA, validation
+def _cuda_text(d, dtype, cfg=None):
+    """The backward's StableHLO lowered for CUDA on this host, GQA and odd lengths."""
+    B, T, H, S, G = 2, 1000, 8, 777, 2
+    q = jax.ShapeDtypeStruct((B, T, H, d), jnp.dtype(dtype))
+    k = jax.ShapeDtypeStruct((B, S, G, d), jnp.dtype(dtype))
+    lse, kend = jax.ShapeDtypeStruct((B, H, T), jnp.float32), jax.ShapeDtypeStruct((B, T), jnp.int32)
+    return jax.jit(lambda *a: flash_attention_bwd(*a, config=cfg)).trace(q, k, k, q, lse, q, kend).lower(
+        lowering_platforms=("cuda",)).as_text()
+
+
 @pytest.mark.parametrize("d,dtype,cfg", [
     pytest.param(d, dt, c, id=f"hd{d}-{dt}-{c.block_kv_dq}-{c.stages_dkv}{c.stages_dq}")
     for d, dt, c in itertools.product((64, 128), ("bfloat16", "float16"),
@@ -148,12 +158,7 @@ def test_q_block_ranges_cover_exactly_the_blocks_that_see_the_tile():
        for c in (BwdConfig(block_q_dkv=128), BwdConfig(block_q_dkv=128, block_kv_dq=128, stages_dkv=3))])
 def test_lowers_for_cuda(d, dtype, cfg):
     """Both kernels lower for CUDA on this host (shared memory, layouts, dtypes), GQA and odd lengths."""
-    B, T, H, S, G = 2, 1000, 8, 777, 2
-    q = jax.ShapeDtypeStruct((B, T, H, d), jnp.dtype(dtype))
-    k = jax.ShapeDtypeStruct((B, S, G, d), jnp.dtype(dtype))
-    lse, kend = jax.ShapeDtypeStruct((B, H, T), jnp.float32), jax.ShapeDtypeStruct((B, T), jnp.int32)
-    text = jax.jit(lambda *a: flash_attention_bwd(*a, config=cfg)).trace(q, k, k, q, lse, q, kend).lower(
-        lowering_platforms=("cuda",)).as_text()
+    text = _cuda_text(d, dtype, cfg)
     assert text.count("custom_call @mosaic_gpu") == 2   # the dK/dV and the dQ kernel
     # named, so profiles and compute-sanitizer's --kernel-name filter tell them apart
     assert "fa3_bwd_dkv_mosaic_gpu" in text and "fa3_bwd_dq_mosaic_gpu" in text
@@ -164,25 +169,15 @@ def test_lowers_for_cuda(d, dtype, cfg):
                                    (128, BwdConfig(fused_dq=True)), (128, BwdConfig(fused_dq=True, stages_dkv=1))])
 @pytest.mark.parametrize("dtype", ("bfloat16", "float16"))
 def test_lowers_for_cuda_as_one_kernel(d, cfg, dtype):
-    """``fused_dq``: one launch (``fa3_bwd``) forms dK, dV and dQ, its dQ parts reduced by TMA (``add``)."""
-    B, T, H, S, G = 2, 1000, 8, 777, 2
-    q = jax.ShapeDtypeStruct((B, T, H, d), jnp.dtype(dtype))
-    k = jax.ShapeDtypeStruct((B, S, G, d), jnp.dtype(dtype))
-    lse, kend = jax.ShapeDtypeStruct((B, H, T), jnp.float32), jax.ShapeDtypeStruct((B, T), jnp.int32)
-    text = jax.jit(lambda *a: flash_attention_bwd(*a, config=cfg)).trace(q, k, k, q, lse, q, kend).lower(
-        lowering_platforms=("cuda",)).as_text()
+    """``fused_dq``: one launch (``fa3_bwd``) forms dK, dV and dQ."""
+    text = _cuda_text(d, dtype, cfg)
     assert text.count("custom_call @mosaic_gpu") == 1 and "fa3_bwd_mosaic_gpu" in text
 
 
 @pytest.mark.parametrize("dtype", ("bfloat16", "float16"))
 def test_lowers_for_cuda_in_two_passes_at_hd_256(dtype):
     """At hd 256 the dK/dV kernel runs twice (dV, then dK) beside the dQ kernel, in one stage each."""
-    B, T, H, S, G, d = 2, 1000, 8, 777, 2, 256
-    q = jax.ShapeDtypeStruct((B, T, H, d), jnp.dtype(dtype))
-    k = jax.ShapeDtypeStruct((B, S, G, d), jnp.dtype(dtype))
-    lse, kend = jax.ShapeDtypeStruct((B, H, T), jnp.float32), jax.ShapeDtypeStruct((B, T), jnp.int32)
-    text = jax.jit(lambda *a: flash_attention_bwd(*a)).trace(q, k, k, q, lse, q, kend).lower(
-        lowering_platforms=("cuda",)).as_text()
+    text = _cuda_text(256, dtype)
     assert text.count("custom_call @mosaic_gpu") == 3
     assert all(f"fa3_bwd_{n}_mosaic_gpu" in text for n in ("dv", "dk", "dq")) and "fa3_bwd_dkv" not in text
 
