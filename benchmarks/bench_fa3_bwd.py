@@ -9,8 +9,8 @@ timed call (``jax.vjp``'s function is a pytree, passed to the timed jit as an ar
 ``bench_fa3.py`` (CUPTI GPU time, median over ``--iters`` calls, then over ``--rounds`` rounds of
 alternating order). ``--variant NAME:FIELD=V[,FIELD=V]`` adds a column ``specjax_NAME``: the same
 forward with the backward kernels under the row's ``default_bwd_config`` with those fields replaced, timed in
-the same rounds (rows whose head dim the config refuses, or whose default it is, get none); ``specjax`` itself runs the custom_vjp's
-``default_bwd_config``. Writes ``benchmarks/results/fa3_bwd_<device>_<date><tag>.{json,md}`` (and into
+the same rounds (rows whose head dim the config refuses, or whose default it is, get none); ``specjax`` itself
+runs the custom_vjp's ``default_bwd_config``. Writes ``benchmarks/results/fa3_bwd_<device>_<date><tag>.{json,md}`` (and into
 ``$OUT`` where that is set, as on the device machine). Needs a GPU.
 
     PYTHONPATH=.:benchmarks python3 benchmarks/bench_fa3_bwd.py [--quick] [--blocked-max S] [--fp16 ...]
@@ -64,7 +64,8 @@ def parse_variant(text: str) -> tuple[str, dict]:
     fields a row's ``default_bwd_config`` is replaced with. A bool field takes 0 or 1 (``fused:fused_dq=1``)."""
     name, sep, fields = text.partition(":")
     if not sep or not name.isidentifier() or not fields:
-        raise ValueError(f"a variant is NAME:FIELD=VALUE[,FIELD=VALUE...] with BwdConfig's int (or 0 / 1) fields, got {text!r}")
+        raise ValueError(f"a variant is NAME:FIELD=VALUE[,FIELD=VALUE...] with BwdConfig's int (or 0 / 1) fields, "
+                         f"got {text!r}")
     kw = {}
     for item in fields.split(","):
         field, _, value = item.partition("=")

@@ -9,7 +9,7 @@
 #     --variant v1:block_q_dkv=64,block_kv_dq=64" bash benchmarks/fa3_bwd_gpu.sh   # v2's table, hd 64's pick taken
 #   TESTS_FIRST=1 TESTS_S=170 TESTS_K="256" MAIN=hd256 RACE=0 TAG=_hd256 BENCH_S=250 \
 #     BENCH_ARGS="--head-dims 256 --blocked-max 16384" bash benchmarks/fa3_bwd_gpu.sh   # hd 256's two dK/dV passes
-#   TESTS_FIRST=1 TESTS_S=150 TESTS_K=fused MAIN=fused RACE=0 FWD_GRAD=1 TAG=_fused BENCH_S=230 \
+#   TESTS_FIRST=1 TESTS_S=150 TESTS_K=fused MAIN=fused RACE=0 FWD_GRAD=1 FWD_GRAD_S=110 TAG=_fused BENCH_S=200 \
 #     BENCH_ARGS="--head-dims 64,128 --blocked-max 0 --rounds 2 --variant fused:fused_dq=1" \
 #     bash benchmarks/fa3_bwd_gpu.sh                         # the one-kernel backward (fused_dq) against two kernels
 #   TESTS_FIRST=1 TESTS_S=100 TESTS_K="fused and bfloat16" MAIN=fused FUSED_ALL=0 RACE=0 FWD_GRAD=1 FWD_GRAD_S=120 \
