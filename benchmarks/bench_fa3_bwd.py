@@ -10,8 +10,8 @@ timed call (``jax.vjp``'s function is a pytree, passed to the timed jit as an ar
 alternating order). ``--variant NAME:FIELD=V[,FIELD=V]`` adds a column ``specjax_NAME``: the same
 forward with the backward kernels under the row's ``default_bwd_config`` with those fields replaced, timed in
 the same rounds (rows whose head dim the config refuses, or whose default it is, get none); ``specjax`` itself
-runs the custom_vjp's ``default_bwd_config``. Writes ``benchmarks/results/fa3_bwd_<device>_<date><tag>.{json,md}`` (and into
-``$OUT`` where that is set, as on the device machine). Needs a GPU.
+runs the custom_vjp's ``default_bwd_config``. Writes ``benchmarks/results/fa3_bwd_<device>_<date><tag>.{json,md}``
+(and into ``$OUT`` where that is set, as on the device machine). Needs a GPU.
 
     PYTHONPATH=.:benchmarks python3 benchmarks/bench_fa3_bwd.py [--quick] [--blocked-max S] [--fp16 ...]
         [--variant q128:block_q_dkv=128 ...] [--tag _x]
