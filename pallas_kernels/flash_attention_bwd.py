@@ -104,12 +104,13 @@ class BwdConfig:
 
     def smem_bytes(self, head_dim: int, itemsize: int = 2) -> tuple[int, int]:
         """(dK/dV kernel, dQ kernel) shared memory as Mosaic GPU allocates it: each buffer rounded up
-        to 1 KiB, 8 bytes per barrier. Where dK and dV come from two passes, the larger pass's."""
+        to 1 KiB, 8 bytes per barrier. Where dK and dV come from two passes, the larger pass's; with
+        ``fused_dq``, the one kernel's and 0."""
+        if self.fused_dq:
+            return self._dkv_smem_bytes("dkdvdq", head_dim, itemsize), 0   # no dQ kernel
         tile = _BLOCK * head_dim * itemsize
         passes = ("dv", "dk") if head_dim in _TWO_PASSES else ("dkdv",)
         dkv = max(self._dkv_smem_bytes(g, head_dim, itemsize) for g in passes)
-        if self.fused_dq:
-            return self._dkv_smem_bytes("dkdvdq", head_dim, itemsize), 0   # no dQ kernel
         kv = self.stages_dq * self.block_kv_dq * head_dim * itemsize
         staged = 2 * _BLOCK * self.block_kv_dq * itemsize if self.interpretable else 0
         dq = _smem_align(4 * tile) + 2 * _smem_align(kv) + _smem_align(staged) + 8 * (4 + 3 * self.stages_dq)
@@ -222,7 +223,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, qlo_ref, qhi_ref, *refs,
     "dkdvdq" (``fused_dq``, FA3's one kernel) forms dQ too; ``refs`` then begin with ``dq_ref``, the
     float32 dQ [B, Tp, H, d] in GMEM (the interpretable form: one part per kv tile, [tiles, B, Tp, H, d]),
     zeros at the start. Each step, each consumer stores its dS^T (64 keys x ``bq`` rows, bf16) in SMEM,
-    in one of two slots by step parity; once both have (``sync``, two arrivals), consumer c forms its half
+    in one of two slots by step parity; once both have (``meet``, two arrivals), consumer c forms its half
     of the step's dQ tile over all 128 keys of the CTA, dQ_c = dS[rows_c, :] K[:, cols_c] (the dS^T
     tiles read transposed, ``BwdConfig.dq_part``), and reduces it into ``dq_ref`` by TMA (``add``). The
     parity slots make one barrier a step enough: a consumer rewrites a slot two steps later, after the
@@ -232,7 +233,8 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, qlo_ref, qhi_ref, *refs,
     dq_ref = refs[0] if fused else None
     *outs, scoped = refs[1:] if fused else refs
     (k_tiles, v_tiles, q_smem, do_smem, st_smem, pt_smem, dst_smem, ds_smem, dq_smem), \
-        (kv_ready, q_ready, do_ready, st_ready), free, *sync = scoped
+        (kv_ready, q_ready, do_ready, st_ready), free, *meet = scoped
+    meet = meet[0] if fused else None   # the consumers' barriers: dS^T stored, by step parity (0, 1); the end (2)
     want_dk, want_dv = grads in ("dkdv", "dkdvdq", "dk"), grads in ("dkdv", "dkdvdq", "dv")
     gi, bi, ti, wg = (lax.axis_index(n) for n in ("kv_heads", "batch", "kv_tiles", "wg"))
     qlo, n_q = qlo_ref[bi, ti], qhi_ref[bi, ti] - qlo_ref[bi, ti]
@@ -302,7 +304,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, qlo_ref, qhi_ref, *refs,
             ds_own = ds_smem.at[par, wg]
             ds_own[...] = dst
             plgpu.commit_smem()
-            plgpu.barrier_arrive(sync[0].at[par])
+            plgpu.barrier_arrive(meet.at[par])
             rows, cols = cfg.dq_part(d)
             # rows r0.. and columns c0.. of the step's dQ tile, over both consumers' keys (tiles 0 and 1:
             # traced, as a Python int index of a ref used inside run_state is a constant its lowering
@@ -323,7 +325,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, qlo_ref, qhi_ref, *refs,
 
             def body(refs):
                 plgpu.wgmma(refs[0], ds_own, q_smem.at[slot])
-                plgpu.barrier_wait(sync[0].at[par])   # the other consumer's dS^T is in SMEM
+                plgpu.barrier_wait(meet.at[par])   # the other consumer's dS^T is in SMEM
                 pl.run_scoped(dq_part, plgpu.ACC((rows, cols), jnp.float32))
             if cfg.interpretable:   # a fresh dK accumulator, added after
                 def fresh(ref):
@@ -345,8 +347,8 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, qlo_ref, qhi_ref, *refs,
         zeros = lambda want: _zeros((bkv, d)) if want else None
         dk, dv = lax.fori_loop(0, n_steps, step, (zeros(want_dk), zeros(want_dv)))
         if fused:   # the other consumer's last dQ wgmmas read this K tile, about to stage dK
-            plgpu.barrier_arrive(sync[0].at[2])
-            plgpu.barrier_wait(sync[0].at[2])
+            plgpu.barrier_arrive(meet.at[2])
+            plgpu.barrier_wait(meet.at[2])
         # K and V are no longer read: their SMEM stages the outputs in order (a one-gradient pass: K's)
         results = [r for r in (dk * scale if want_dk else None, dv) if r is not None]
         for smem, r in zip((k_smem, v_smem), results):
