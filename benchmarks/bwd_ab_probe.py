@@ -5,9 +5,15 @@ machine gets the working tree, not git's history), e.g. the previous commit's:
 
     git show HEAD~1:pallas_kernels/flash_attention_bwd.py > benchmarks/_bwd_prev.py
     PYTHONPATH=.:benchmarks python3 benchmarks/bwd_ab_probe.py [--rounds 2] [--head-dims 64,128] [--seq 4096] [--causal]
+        [--fused]
+
+``--fused``: both versions with ``fused_dq=True`` on the head dim's ``default_bwd_config``, and this tree's default
+(the two kernels) timed in the same rounds as ``split``. The one kernel adds dQ into float32 by TMA in no fixed
+order, so its outputs are compared by their largest difference, not bit for bit.
 """
 
 import argparse
+import dataclasses
 import statistics
 
 import jax
@@ -16,6 +22,7 @@ from jax.experimental.mosaic.gpu import profiler
 
 import _bwd_prev
 from bench_fa3 import measure_row
+from common import relative_differences
 from pallas_kernels import flash_attention_bwd as cur
 from pallas_kernels.flash_attention import default_config, flash_attention_fwd, key_end
 
@@ -30,6 +37,7 @@ def main(argv=None) -> None:
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--fused", action="store_true", help="both versions with fused_dq=True, and this tree's split")
     a = ap.parse_args(argv)
     S = a.seq
     for d in (int(x) for x in a.head_dims.split(",")):
@@ -38,11 +46,18 @@ def main(argv=None) -> None:
         q, k, v, do = (jax.random.normal(kk, (B, S, H, d), jnp.bfloat16) for kk in keys)
         kend = key_end(B, S, S, causal="top_left" if a.causal else "none")
         o, lse = flash_attention_fwd(q, k, v, kend, config=default_config(d, S, a.causal))
-        fns = {name: jax.jit(lambda *x, m=m: m.flash_attention_bwd(*x, kend, config=m.default_bwd_config(d)))
+        config = lambda m: (dataclasses.replace(m.default_bwd_config(d), fused_dq=True) if a.fused
+                            else m.default_bwd_config(d))
+        fns = {name: jax.jit(lambda *x, m=m: m.flash_attention_bwd(*x, kend, config=config(m)))
                for name, m in (("prev", _bwd_prev), ("this", cur))}
+        if a.fused:
+            fns["split"] = jax.jit(lambda *x: cur.flash_attention_bwd(*x, kend, config=cur.default_bwd_config(d)))
         args = (q, k, v, o, lse, do)
         outs = {n: jax.block_until_ready(f(*args)) for n, f in fns.items()}
         same = all(bool(jnp.array_equal(x, y)) for x, y in zip(outs["prev"], outs["this"]))
+        if a.fused:
+            diff = {n: relative_differences(outs[n], outs["split"]) for n in ("prev", "this")}
+            print(f"hd {d}: against the split, dq / dk / dv: prev {diff['prev']}, this {diff['this']}")
         times = measure_row(fns, args, 20, a.rounds, measure=_median_ms)   # alternated, as the tables
         flops = 10 * B * S * S * H * d / (2 if a.causal else 1)
         print(f"hd {d} S {S} causal={a.causal}: bitwise equal outputs {same}; " + "; ".join(

@@ -70,6 +70,13 @@ def write_results(name: str, payload: dict, table_md: str) -> Path:
     return RESULTS / f"{name}.json"
 
 
+def relative_differences(got, want) -> str:
+    """"a / b / c": each array's largest difference from its counterpart, relative to that one's largest value."""
+    f32 = lambda x: x.astype(jnp.float32)
+    return " / ".join(f"{float(jnp.max(jnp.abs(f32(x) - f32(y))) / jnp.max(jnp.abs(f32(y)))):.2e}"
+                      for x, y in zip(got, want))
+
+
 def md_table(rows: list[dict], cols: list[str]) -> str:
     def fmt(v):
         return f"{v:.3g}" if isinstance(v, float) else str(v)

@@ -15,13 +15,20 @@
 #   TESTS_FIRST=1 TESTS_S=100 TESTS_K="fused and bfloat16" MAIN=fused FUSED_ALL=0 RACE=0 FWD_GRAD=1 FWD_GRAD_S=120 \
 #     TAG=_fusedB BENCH_S=60 BENCH_ARGS="--quick --head-dims 128,64 --blocked-max 0 --rounds 2 \
 #     --variant fused:fused_dq=1" bash benchmarks/fa3_bwd_gpu.sh   # its final form, in the session's last 313 s
+#   TESTS_FIRST=1 TESTS_S=130 TESTS_K=fused MAIN=ptxas AB_FUSED=1 RACE=0 BENCH_S=0 \
+#     bash benchmarks/fa3_bwd_gpu.sh                         # backward v5's one-step lag, against v4's one kernel
+#   ABLATION=1 MAIN=none RACE=0 BENCH_S=0 TESTS_FIRST=1 TESTS_S=170 TESTS_K=fused \
+#     bash benchmarks/fa3_bwd_gpu.sh                         # v5: where the one kernel's time goes
 # The FA3 backward kernels (pallas_kernels/flash_attention_bwd.py): (TESTS_FIRST=1) the backward's GPU tests, 4
 # workers; main() (error against the float32 reference, per-kernel CUPTI times, TFLOPS, wall clock) at hd 128 / 64
 # for the default config and a few others (MAIN=all; MAIN=q128: hd 64 with 64- and 128-row dK/dV steps; MAIN=hd256:
 # hd 256 non-causal and causal, and ptxas' register / spill report; MAIN=fused: hd 128 / 64 with fused_dq 0 and
-# 1, then (unless FUSED_ALL=0) causal hd 128 and ptxas' report of the fused kernel; FWD_GRAD=1: the forward file's GPU
-# tests through the custom_vjp; any other
-# value, e.g. MAIN=none: no main() step); the backward table (bench_fa3_bwd.py, also into $OUT); one
+# 1, then (unless FUSED_ALL=0) causal hd 128 and ptxas' report of the fused kernel; MAIN=ptxas: that report alone;
+# any other value, e.g. MAIN=none: no main() step); AB_FUSED=1: bwd_ab_probe.py --fused (the one kernel against
+# benchmarks/_bwd_prev.py's, and the split) at hd 128 / 64, 4k non-causal and causal, 16k, 1k; ABLATION=1:
+# bwd_fused_ablation.py at hd 128 / 64 (ABL_SEQS: the lengths, default 4k 1k 16k; ABL_VARIANTS: its --variants);
+# FWD_GRAD=1: the forward file's GPU tests through the custom_vjp; (unless BENCH_S=0) the backward table
+# (bench_fa3_bwd.py, also into $OUT); one
 # compute-sanitizer racecheck run (RACE=1); then (RUN_TESTS=1) the GPU tests in one process. Everything but the
 # table goes to $OUT/fa3_bwd_log.txt.
 set -uo pipefail
@@ -53,16 +60,32 @@ elif [ "$MAIN" = fused ]; then   # the one-kernel backward against the two kerne
     step ptxas${hd} 45 12 bash -c "MOSAIC_GPU_DUMP_PTXAS=1 $main --small --head-dim $hd --fused-dq 1 2>&1 \
       | grep -i -E 'spill|registers|fa3_bwd|relative'"
   done
+elif [ "$MAIN" = ptxas ]; then   # ptxas' register / spill report of the one kernel
+  for hd in 128 64; do
+    step ptxas${hd} 45 12 bash -c "MOSAIC_GPU_DUMP_PTXAS=1 $main --small --head-dim $hd --fused-dq 1 2>&1 \
+      | grep -i -E 'spill|registers|fa3_bwd|relative'"
+  done
 elif [ "$MAIN" = q128 ]; then
   step main64 40 3 $main --seq 4096 --head-dim 64
   step main64_q128 40 3 $main --seq 4096 --head-dim 64 --block-q-dkv 128
   step main64_q128_kv128 40 3 $main --seq 4096 --head-dim 64 --block-q-dkv 128 --block-kv-dq 128
 fi
+if [ "${AB_FUSED:-0}" = 1 ]; then   # the one kernel against benchmarks/_bwd_prev.py's and the split (bwd_ab_probe.py)
+  for case in "4096" "4096 --causal" "16384" "1024"; do
+    step "ab_${case// /_}" 60 6 python3 benchmarks/bwd_ab_probe.py --fused --rounds 3 --head-dims 128,64 --seq $case
+  done
+fi
+if [ "${ABLATION:-0}" = 1 ]; then   # the one kernel with its dQ pieces cut away one by one (bwd_fused_ablation.py)
+  for seq in ${ABL_SEQS:-4096 1024 16384}; do
+    step ablation_$seq 120 4 python3 benchmarks/bwd_fused_ablation.py --rounds 3 --head-dims 128,64 --seq $seq \
+      ${ABL_VARIANTS:+--variants $ABL_VARIANTS}
+  done
+fi
 if [ "${FWD_GRAD:-0}" = 1 ]; then   # the forward file's GPU tests that differentiate through the custom_vjp
   step fwd_grad "${FWD_GRAD_S:-120}" 12 env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -m gpu \
     tests/test_flash_attention.py -q -rA -p no:cacheprovider --tb=short -n 4 -k "grad or differentiable or vjp"
 fi
-step bench "${BENCH_S:-330}" 45 python3 benchmarks/bench_fa3_bwd.py ${BENCH_ARGS:-} --tag "${TAG:-}"
+[ "${BENCH_S:-330}" != 0 ] && step bench "${BENCH_S:-330}" 45 python3 benchmarks/bench_fa3_bwd.py ${BENCH_ARGS:-} --tag "${TAG:-}"
 [ "${RACE:-1}" = 1 ] && step race 140 4 compute-sanitizer --tool racecheck $main --small
 if [ "${RUN_TESTS:-0}" = 1 ]; then
   step gpu_tests "${TESTS_S:-260}" 25 python3 -m pytest -m gpu tests/test_flash_attention_bwd.py -q -rfEs \

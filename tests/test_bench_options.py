@@ -1,6 +1,6 @@
 """The benchmarks' options: ``--head LABEL=FOLDER`` (the drafting method comes from the folder's config.json),
-``--draft-vocab LABEL=full|eagle3|IDS.npy`` (the shipped draft model over its whole LM head or a cut one), and the FA3
-backward table's ``--variant NAME:FIELD=V,...``."""
+``--draft-vocab LABEL=full|eagle3|IDS.npy`` (the shipped draft model over its whole LM head or a cut one), the FA3
+backward table's ``--variant NAME:FIELD=V,...``, and the one-kernel backward's ablation variants."""
 
 import argparse
 import json
@@ -44,6 +44,15 @@ def test_bwd_variant_option_reads_backward_configs():
                      ("x:block_q_dkv=96", "block_q_dkv must be 64 or 128")):
         with pytest.raises(ValueError, match=why):
             bench_fa3_bwd.parse_variant(bad)
+
+
+def test_bwd_fused_ablation_variants_apply_to_the_kernel_source(tmp_path):
+    """Every variant's source replacements apply exactly once to the backward file as it is (else the probe stops
+    before timing), and each variant imports."""
+    import bwd_fused_ablation
+    mods = bwd_fused_ablation._variants(tmp_path)
+    assert set(mods) == {"full", *bwd_fused_ablation._VARIANTS}
+    assert all(callable(m.flash_attention_bwd) for m in mods.values())
 
 
 @pytest.mark.assets
