@@ -54,6 +54,8 @@ _VARIANTS = {   # variant: (the variant it starts from, (old, new) replacements)
 
 def _variants(tmp: pathlib.Path, names=None) -> dict:
     """name -> module: the file as it is ("full"), and each variant (``names``: those; None: all)."""
+    if unknown := set(names or ()) - set(_VARIANTS):
+        raise SystemExit(f"unknown variants {sorted(unknown)}; the variants are {', '.join(_VARIANTS)}")
     srcs, mods = {"full": pathlib.Path(cur.__file__).read_text()}, {"full": cur}
     for name, (parent, cuts) in _VARIANTS.items():
         src = srcs[parent]

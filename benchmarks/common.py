@@ -71,7 +71,7 @@ def write_results(name: str, payload: dict, table_md: str) -> Path:
 
 
 def relative_differences(got, want) -> str:
-    """"a / b / c": each array's largest difference from its counterpart, relative to that one's largest value."""
+    """Each array's largest difference from its counterpart, relative to that one's largest value, joined by " / "."""
     f32 = lambda x: x.astype(jnp.float32)
     return " / ".join(f"{float(jnp.max(jnp.abs(f32(x) - f32(y))) / jnp.max(jnp.abs(f32(y)))):.2e}"
                       for x, y in zip(got, want))
