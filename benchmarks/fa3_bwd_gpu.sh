@@ -39,6 +39,12 @@ if [ "${TESTS_FIRST:-0}" = 1 ]; then
     tests/test_flash_attention_bwd.py -q -rfEs -p no:cacheprovider --tb=short -n 4 -k "${TESTS_K:-}"
 fi
 main="python3 -m pallas_kernels.flash_attention_bwd"
+fused_ptxas() {   # ptxas' register / spill report of the one kernel (fused_dq) at hd 128 and 64
+  for hd in 128 64; do
+    step ptxas${hd} 45 12 bash -c "MOSAIC_GPU_DUMP_PTXAS=1 $main --small --head-dim $hd --fused-dq 1 2>&1 \
+      | grep -i -E 'spill|registers|fa3_bwd|relative'"
+  done
+}
 if [ "${MAIN:-all}" = all ]; then
   step main128 60 4 $main --seq 4096 --head-dim 128
   step main128_s3 40 3 $main --seq 4096 --head-dim 128 --stages-dkv 3
@@ -56,15 +62,9 @@ elif [ "$MAIN" = fused ]; then   # the one-kernel backward against the two kerne
     step main${hd}_fused 40 3 $main --seq 4096 --head-dim $hd --fused-dq 1
   done
   [ "${FUSED_ALL:-1}" = 1 ] && step main128c_fused 40 3 $main --seq 4096 --head-dim 128 --causal --fused-dq 1
-  [ "${FUSED_ALL:-1}" = 1 ] && for hd in 128 64; do
-    step ptxas${hd} 45 12 bash -c "MOSAIC_GPU_DUMP_PTXAS=1 $main --small --head-dim $hd --fused-dq 1 2>&1 \
-      | grep -i -E 'spill|registers|fa3_bwd|relative'"
-  done
-elif [ "$MAIN" = ptxas ]; then   # ptxas' register / spill report of the one kernel
-  for hd in 128 64; do
-    step ptxas${hd} 45 12 bash -c "MOSAIC_GPU_DUMP_PTXAS=1 $main --small --head-dim $hd --fused-dq 1 2>&1 \
-      | grep -i -E 'spill|registers|fa3_bwd|relative'"
-  done
+  [ "${FUSED_ALL:-1}" = 1 ] && fused_ptxas
+elif [ "$MAIN" = ptxas ]; then
+  fused_ptxas
 elif [ "$MAIN" = q128 ]; then
   step main64 40 3 $main --seq 4096 --head-dim 64
   step main64_q128 40 3 $main --seq 4096 --head-dim 64 --block-q-dkv 128
