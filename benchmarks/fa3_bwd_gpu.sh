@@ -26,7 +26,8 @@
 # 1, then (unless FUSED_ALL=0) causal hd 128 and ptxas' report of the fused kernel; MAIN=ptxas: that report alone;
 # any other value, e.g. MAIN=none: no main() step); AB_FUSED=1: bwd_ab_probe.py --fused (the one kernel against
 # benchmarks/_bwd_prev.py's, and the split) at hd 128 / 64, 4k non-causal and causal, 16k, 1k; ABLATION=1:
-# bwd_fused_ablation.py at hd 128 / 64 (ABL_SEQS: the lengths, default 4k 1k 16k; ABL_VARIANTS: its --variants);
+# bwd_fused_ablation.py at hd 128 / 64 (ABL_SEQS: the lengths, default 4k 1k 16k; ABL_VARIANTS: its --variants;
+# ABL_PTXAS=1: then ptxas' spill report of each variant's kernel, in compile order);
 # FWD_GRAD=1: the forward file's GPU tests through the custom_vjp; (unless BENCH_S=0) the backward table
 # (bench_fa3_bwd.py, also into $OUT); one
 # compute-sanitizer racecheck run (RACE=1); then (RUN_TESTS=1) the GPU tests in one process. Everything but the
@@ -80,6 +81,9 @@ if [ "${ABLATION:-0}" = 1 ]; then   # the one kernel with its dQ pieces cut away
     step ablation_$seq 120 4 python3 benchmarks/bwd_fused_ablation.py --rounds 3 --head-dims 128,64 --seq $seq \
       ${ABL_VARIANTS:+--variants $ABL_VARIANTS}
   done
+  [ "${ABL_PTXAS:-0}" = 1 ] && step ablation_ptxas 120 40 bash -c "MOSAIC_GPU_DUMP_PTXAS=1 python3 \
+    benchmarks/bwd_fused_ablation.py --rounds 1 --head-dims 128,64 --seq 1024 ${ABL_VARIANTS:+--variants $ABL_VARIANTS} \
+    2>&1 | grep -E 'spill stores|hd 128|hd 64|Compiling entry'"
 fi
 if [ "${FWD_GRAD:-0}" = 1 ]; then   # the forward file's GPU tests that differentiate through the custom_vjp
   step fwd_grad "${FWD_GRAD_S:-120}" 12 env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -m gpu \
