@@ -87,7 +87,7 @@ def _impls(S: int, hd: int, causal: bool, dtype, persistent_ctas: int | None):
 
 def _measure(fn, args, iters: int) -> float | None:
     try:
-        fn(*args).block_until_ready()
+        jax.block_until_ready(fn(*args))   # an array or a tuple of them (the backward's)
         _, times = profiler.measure(fn, iterations=iters)(*args)
         return statistics.median(times)
     except Exception as e:  # report, keep the table going

@@ -18,17 +18,12 @@ import statistics
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.mosaic.gpu import profiler
 
 import _bwd_prev
 from bench_fa3 import measure_row
 from common import relative_differences
 from pallas_kernels import flash_attention_bwd as cur
 from pallas_kernels.flash_attention import default_config, flash_attention_fwd, key_end
-
-
-def _median_ms(fn, args, iters: int) -> float:
-    return statistics.median(profiler.measure(fn, iterations=iters)(*args)[1])
 
 
 def main(argv=None) -> None:
@@ -58,7 +53,7 @@ def main(argv=None) -> None:
         if a.fused:
             diff = {n: relative_differences(outs[n], outs["split"]) for n in ("prev", "this")}
             print(f"hd {d}: against the split, dq / dk / dv: prev {diff['prev']}, this {diff['this']}")
-        times = measure_row(fns, args, 20, a.rounds, measure=_median_ms)   # alternated, as the tables
+        times = measure_row(fns, args, 20, a.rounds)   # alternated, as the tables
         flops = 10 * B * S * S * H * d / (2 if a.causal else 1)
         print(f"hd {d} S {S} causal={a.causal}: bitwise equal outputs {same}; " + "; ".join(
             f"{n} {' / '.join(f'{t:.3f}' for t in ts)} ms ({flops / statistics.median(ts) / 1e9:.0f} TFLOPS)"

@@ -22,13 +22,11 @@ import argparse
 import dataclasses
 import importlib.util
 import pathlib
-import statistics
 import sys
 import tempfile
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.mosaic.gpu import profiler
 
 from bench_fa3 import measure_row
 from common import relative_differences
@@ -94,12 +92,11 @@ def main(argv=None) -> None:
             fns = {n: jax.jit(lambda *x, m=m: m.flash_attention_bwd(*x, kend, config=fused(m)))
                    for n, m in mods.items()}
             fns["split"] = jax.jit(lambda *x: cur.flash_attention_bwd(*x, kend, config=cur.default_bwd_config(d)))
-            median = lambda fn, args, iters: statistics.median(profiler.measure(fn, iterations=iters)(*args)[1])
             args = (q, k, v, o, lse, do)
             outs = {n: jax.block_until_ready(f(*args)) for n, f in fns.items()}
             diffs = "; ".join(f"{n} {relative_differences(outs[n], outs['split'])}" for n in mods)
             print(f"hd {d}: largest difference from the split, relative to its largest value, dq / dk / dv: {diffs}")
-            times = measure_row(fns, args, 20, a.rounds, measure=median)
+            times = measure_row(fns, args, 20, a.rounds)
             print(f"hd {d} S {S} non-causal, ms per backward (rounds): " + "; ".join(
                 f"{n} {' / '.join(f'{t:.3f}' for t in ts)}" for n, ts in times.items()))
 

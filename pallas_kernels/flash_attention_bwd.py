@@ -60,6 +60,8 @@ _ROW = plgpu.Layout.WGMMA.reduce(1)   # one value per row of a [64, n] wgmma til
 _COL = plgpu.Layout.WGMMA.reduce(0)   # one value per column
 _REGS, _PRODUCER_REGS = _REGISTERS[2]  # setmaxnreg of the two consumers and the producer (the forward's)
 _BLOCK = 64                           # rows per consumer warpgroup: one wgmma M tile
+# ``fused_dq``'s barriers the two consumers meet at: dS^T stored, by step parity (0, 1); the end (2)
+_MEET = 3
 HEAD_DIMS = (64, 128, 256)
 _TWO_PASSES = (256,)                  # head dims whose dK and dV come from two dK/dV launches
 
@@ -135,7 +137,7 @@ class BwdConfig:
         fused = 0
         if grads == "dkdvdq":   # dS^T of both consumers x 2 parities (bf16), each consumer's dQ part (f32)
             rows, cols = self.dq_part(head_dim)
-            fused = _smem_align(4 * _BLOCK * bq * itemsize) + _smem_align(2 * rows * cols * 4) + 8 * 3
+            fused = _smem_align(4 * _BLOCK * bq * itemsize) + _smem_align(2 * rows * cols * 4) + 8 * _MEET
         return (kv_tiles * _smem_align(2 * tile) + 2 * _smem_align(stages * bq * head_dim * itemsize)
                 + _smem_align(stages * 3 * bq * 4) + staged_tiles * _smem_align(staged) + 8 * (4 + 4 * stages)
                 + fused)
@@ -234,7 +236,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, stats_ref, qlo_ref, qhi_ref, *refs,
     *outs, scoped = refs[1:] if fused else refs
     (k_tiles, v_tiles, q_smem, do_smem, st_smem, pt_smem, dst_smem, ds_smem, dq_smem), \
         (kv_ready, q_ready, do_ready, st_ready), free, *meet = scoped
-    meet = meet[0] if fused else None   # the consumers' barriers: dS^T stored, by step parity (0, 1); the end (2)
+    meet = meet[0] if fused else None   # ``_MEET`` barriers
     want_dk, want_dv = grads in ("dkdv", "dkdvdq", "dk"), grads in ("dkdv", "dkdvdq", "dv")
     gi, bi, ti, wg = (lax.axis_index(n) for n in ("kv_heads", "batch", "kv_tiles", "wg"))
     qlo, n_q = qlo_ref[bi, ti], qhi_ref[bi, ti] - qlo_ref[bi, ti]
@@ -471,7 +473,7 @@ def _build_dkv(B, H, Sk, G, d, dtype, cfg: BwdConfig, scale: float, grads: str =
     return _call(body, (out, out) if grads in ("dkdv", "dkdvdq") else (out,), (G, B, pl.cdiv(Sk, 2 * _BLOCK)),
                  ("kv_heads", "batch", "kv_tiles"), scratch, (4, stages, stages, stages), stages,
                  {"dkdv": "fa3_bwd_dkv", "dkdvdq": "fa3_bwd"}.get(grads, f"fa3_bwd_{grads}"),
-                 sync=3 if fused else 0)
+                 sync=_MEET if fused else 0)
 
 
 def _build_dq(B, Tq, H, Sk, G, d, dtype, cfg: BwdConfig, scale: float):
