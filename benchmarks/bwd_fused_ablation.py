@@ -14,6 +14,7 @@ difference from the split is printed.
     nomeet    also no wait for the other consumer (dS^T still stored; dK's A operand from SMEM)
     atomic    (exact) the dQ part added into GMEM from registers by atomics (``plgpu.atomic_add``), no SMEM tile
     swz32 / swz64 / flat  (exact) the float32 SMEM tile of the dQ part swizzled by 32 / 64 bytes, or untiled
+    splitdkv  the split without its dQ kernel: its dK/dV kernel alone (dQ is q), beside "nodq"
 
     PYTHONPATH=.:benchmarks python3 benchmarks/bwd_fused_ablation.py [--rounds 3] [--head-dims 128,64] [--seq 4096]
 """
@@ -47,7 +48,10 @@ _VARIANTS = {   # variant: (the variant it starts from, (old, new) replacements)
     "swz32": ("full", [(_TILE, "_smem_tiled((2, *cfg.dq_part(d)), jnp.float32, 32)")]),
     "swz64": ("full", [(_TILE, "_smem_tiled((2, *cfg.dq_part(d)), jnp.float32, 64)")]),
     "flat": ("full", [(_TILE, "plgpu.SMEM((2, *cfg.dq_part(d)), jnp.float32)")]),
+    "splitdkv": ("full", [("dq = _build_dq(B, Tq, H, Sk, G, d, q.dtype, cfg, scale)(q, k, v, do, stats, kend, kmin, kmax)",
+                           "dq = q")]),
 }
+_SPLIT = {"splitdkv"}   # run with the split's config (two kernels), not fused_dq
 
 
 def _variants(tmp: pathlib.Path, names=None) -> dict:
@@ -88,8 +92,8 @@ def main(argv=None) -> None:
                            for kk in jax.random.split(jax.random.key(0), 4))
             kend = key_end(B, S, S, causal="none")
             o, lse = flash_attention_fwd(q, k, v, kend, config=default_config(d, S, False))
-            fused = lambda m: dataclasses.replace(m.default_bwd_config(d), fused_dq=True)   # each module's own class
-            fns = {n: jax.jit(lambda *x, m=m: m.flash_attention_bwd(*x, kend, config=fused(m)))
+            fused = lambda n, m: dataclasses.replace(m.default_bwd_config(d), fused_dq=n not in _SPLIT)   # its own class
+            fns = {n: jax.jit(lambda *x, n=n, m=m: m.flash_attention_bwd(*x, kend, config=fused(n, m)))
                    for n, m in mods.items()}
             fns["split"] = jax.jit(lambda *x: cur.flash_attention_bwd(*x, kend, config=cur.default_bwd_config(d)))
             args = (q, k, v, o, lse, do)

@@ -19,6 +19,8 @@
 #     bash benchmarks/fa3_bwd_gpu.sh                         # backward v5's one-step lag, against v4's one kernel
 #   ABLATION=1 MAIN=none RACE=0 BENCH_S=0 TESTS_FIRST=1 TESTS_S=170 TESTS_K=fused \
 #     bash benchmarks/fa3_bwd_gpu.sh                         # v5: where the one kernel's time goes
+#   ABLATION=1 ABL_PTXAS=1 ABL_SEQS="4096 1024 16384" ABL_VARIANTS=noreduce,nostore,nodq,nomeet,splitdkv MAIN=none \
+#     RACE=0 BENCH_S=0 bash benchmarks/fa3_bwd_gpu.sh        # v5, session 71: spills per variant, the split's dK/dV kernel
 # The FA3 backward kernels (pallas_kernels/flash_attention_bwd.py): (TESTS_FIRST=1) the backward's GPU tests, 4
 # workers; main() (error against the float32 reference, per-kernel CUPTI times, TFLOPS, wall clock) at hd 128 / 64
 # for the default config and a few others (MAIN=all; MAIN=q128: hd 64 with 64- and 128-row dK/dV steps; MAIN=hd256:
