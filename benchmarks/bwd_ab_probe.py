@@ -21,9 +21,8 @@ import jax.numpy as jnp
 
 import _bwd_prev
 from bench_fa3 import measure_row
-from common import relative_differences
+from common import backward_inputs, relative_differences
 from pallas_kernels import flash_attention_bwd as cur
-from pallas_kernels.flash_attention import default_config, flash_attention_fwd, key_end
 
 
 def main(argv=None) -> None:
@@ -36,18 +35,14 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     S = a.seq
     for d in (int(x) for x in a.head_dims.split(",")):
-        B, H = 16384 // S, 2048 // d
-        keys = jax.random.split(jax.random.key(0), 4)
-        q, k, v, do = (jax.random.normal(kk, (B, S, H, d), jnp.bfloat16) for kk in keys)
-        kend = key_end(B, S, S, causal="top_left" if a.causal else "none")
-        o, lse = flash_attention_fwd(q, k, v, kend, config=default_config(d, S, a.causal))
+        args, kend = backward_inputs(S, d, a.causal)
+        B, H = args[0].shape[0], args[0].shape[2]
         config = lambda m: (dataclasses.replace(m.default_bwd_config(d), fused_dq=True) if a.fused
                             else m.default_bwd_config(d))
         fns = {name: jax.jit(lambda *x, m=m: m.flash_attention_bwd(*x, kend, config=config(m)))
                for name, m in (("prev", _bwd_prev), ("this", cur))}
         if a.fused:
             fns["split"] = jax.jit(lambda *x: cur.flash_attention_bwd(*x, kend, config=cur.default_bwd_config(d)))
-        args = (q, k, v, o, lse, do)
         outs = {n: jax.block_until_ready(f(*args)) for n, f in fns.items()}
         same = all(bool(jnp.array_equal(x, y)) for x, y in zip(outs["prev"], outs["this"]))
         if a.fused:

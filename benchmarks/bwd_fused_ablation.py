@@ -27,12 +27,10 @@ import sys
 import tempfile
 
 import jax
-import jax.numpy as jnp
 
 from bench_fa3 import measure_row
-from common import relative_differences
+from common import backward_inputs, relative_differences
 from pallas_kernels import flash_attention_bwd as cur
-from pallas_kernels.flash_attention import default_config, flash_attention_fwd, key_end
 
 _REDUCE = 'plgpu.copy_smem_to_gmem(dq_smem.at[wg], dq_ref.at[target], reduction_op="add")'
 _TILE = "_smem_tiled((2, *cfg.dq_part(d)), jnp.float32)"
@@ -87,16 +85,11 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         mods = _variants(pathlib.Path(tmp), a.variants and a.variants.split(","))
         for d in (int(x) for x in a.head_dims.split(",")):
-            B, H = 16384 // S, 2048 // d
-            q, k, v, do = (jax.random.normal(kk, (B, S, H, d), jnp.bfloat16)
-                           for kk in jax.random.split(jax.random.key(0), 4))
-            kend = key_end(B, S, S, causal="none")
-            o, lse = flash_attention_fwd(q, k, v, kend, config=default_config(d, S, False))
+            args, kend = backward_inputs(S, d, causal=False)
             fused = lambda n, m: dataclasses.replace(m.default_bwd_config(d), fused_dq=n not in _SPLIT)   # its own class
             fns = {n: jax.jit(lambda *x, n=n, m=m: m.flash_attention_bwd(*x, kend, config=fused(n, m)))
                    for n, m in mods.items()}
             fns["split"] = jax.jit(lambda *x: cur.flash_attention_bwd(*x, kend, config=cur.default_bwd_config(d)))
-            args = (q, k, v, o, lse, do)
             outs = {n: jax.block_until_ready(f(*args)) for n, f in fns.items()}
             diffs = "; ".join(f"{n} {relative_differences(outs[n], outs['split'])}" for n in mods)
             print(f"hd {d}: largest difference from the split, relative to its largest value, dq / dk / dv: {diffs}")

@@ -77,6 +77,17 @@ def relative_differences(got, want) -> str:
                       for x, y in zip(got, want))
 
 
+def backward_inputs(S: int, d: int, causal: bool):
+    """The backward probes' inputs at one row of the FA3 table (B x S = 16k tokens, H x d = 2048, bf16): ``(args,
+    kend)`` with ``args = (q, k, v, o, lse, do)``, o and lse from the forward's default config."""
+    from pallas_kernels.flash_attention import default_config, flash_attention_fwd, key_end
+    B, H = 16384 // S, 2048 // d
+    q, k, v, do = (jax.random.normal(kk, (B, S, H, d), jnp.bfloat16) for kk in jax.random.split(jax.random.key(0), 4))
+    kend = key_end(B, S, S, causal="top_left" if causal else "none")
+    o, lse = flash_attention_fwd(q, k, v, kend, config=default_config(d, S, causal))
+    return (q, k, v, o, lse, do), kend
+
+
 def md_table(rows: list[dict], cols: list[str]) -> str:
     def fmt(v):
         return f"{v:.3g}" if isinstance(v, float) else str(v)
