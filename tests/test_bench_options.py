@@ -1,6 +1,7 @@
 """The benchmarks' options: ``--head LABEL=FOLDER`` (the drafting method comes from the folder's config.json),
 ``--draft-vocab LABEL=full|eagle3|IDS.npy`` (the shipped draft model over its whole LM head or a cut one), the FA3
-backward table's ``--variant NAME:FIELD=V,...``, and the one-kernel backward's ablation variants."""
+backward table's ``--variant NAME:FIELD=V,...``, the one-kernel backward's ablation variants, and the FA3 power
+probe's reading of nvidia-smi's samples."""
 
 import argparse
 import json
@@ -53,6 +54,23 @@ def test_bwd_fused_ablation_variants_apply_to_the_kernel_source(tmp_path):
     mods = bwd_fused_ablation._variants(tmp_path)
     assert set(mods) == {"full", *bwd_fused_ablation._VARIANTS}
     assert all(callable(m.flash_attention_bwd) for m in mods.values())
+
+
+def test_power_probe_reads_nvidia_smi_samples_and_averages_a_window():
+    """Lines cut by the sampler's stop or holding "[N/A]" are dropped; a window averages only its samples after its
+    first ``skip`` seconds and ORs their throttle masks."""
+    import fa3_power_probe
+    text = ("2026/12/07 18:40:01.000, 1980, 500.0, 0x0000000000000000\n"
+            "2026/12/07 18:40:01.500, 1700, 640.0, 0x0000000000000004\n"
+            "2026/12/07 18:40:02.000, 1500, [N/A], 0x0000000000000004\n"
+            "2026/12/07 18:40:02.500, 1600, 650.0, 0x0000000000000020\n"
+            "2026/12/07 18:40:03.0")
+    samples = fa3_power_probe.parse_samples(text)
+    assert [(mhz, w, mask) for _, mhz, w, mask in samples] == [(1980, 500.0, 0), (1700, 640.0, 4), (1600, 650.0, 0x20)]
+    t0 = samples[0][0]
+    st = fa3_power_probe.window_stats(samples, t0, t0 + 1.6, skip=0.3)
+    assert st == {"n": 2, "mhz": 1650.0, "watts": 645.0, "throttle": 0x24}
+    assert fa3_power_probe.window_stats(samples, t0 + 10, t0 + 20) is None
 
 
 @pytest.mark.assets
