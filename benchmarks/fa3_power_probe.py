@@ -78,6 +78,8 @@ def main(argv=None) -> None:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--windows", type=int, default=3)
     a = ap.parse_args(argv)
+    if a.seconds <= 0 or a.windows < 1:
+        ap.error(f"--seconds must be > 0 and --windows >= 1, got {a.seconds} and {a.windows}")
     print(subprocess.run(["nvidia-smi", "--query-gpu=name,power.limit,clocks.max.sm", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip(), f"jax {jax.__version__}")
     query = _query()
