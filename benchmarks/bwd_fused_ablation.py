@@ -86,8 +86,8 @@ def main(argv=None) -> None:
         mods = _variants(pathlib.Path(tmp), a.variants and a.variants.split(","))
         for d in (int(x) for x in a.head_dims.split(",")):
             args, kend = backward_inputs(S, d, causal=False)
-            fused = lambda n, m: dataclasses.replace(m.default_bwd_config(d), fused_dq=n not in _SPLIT)   # its own class
-            fns = {n: jax.jit(lambda *x, n=n, m=m: m.flash_attention_bwd(*x, kend, config=fused(n, m)))
+            config = lambda n, m: dataclasses.replace(m.default_bwd_config(d), fused_dq=n not in _SPLIT)   # m's own class
+            fns = {n: jax.jit(lambda *x, n=n, m=m: m.flash_attention_bwd(*x, kend, config=config(n, m)))
                    for n, m in mods.items()}
             fns["split"] = jax.jit(lambda *x: cur.flash_attention_bwd(*x, kend, config=cur.default_bwd_config(d)))
             outs = {n: jax.block_until_ready(f(*args)) for n, f in fns.items()}
