@@ -37,8 +37,7 @@ def main(argv=None) -> None:
     for d in (int(x) for x in a.head_dims.split(",")):
         args, kend = backward_inputs(S, d, a.causal)
         B, H = args[0].shape[0], args[0].shape[2]
-        config = lambda m: (dataclasses.replace(m.default_bwd_config(d), fused_dq=True) if a.fused
-                            else m.default_bwd_config(d))
+        config = lambda m: dataclasses.replace(m.default_bwd_config(d), fused_dq=a.fused)   # m's own class
         fns = {name: jax.jit(lambda *x, m=m: m.flash_attention_bwd(*x, kend, config=config(m)))
                for name, m in (("prev", _bwd_prev), ("this", cur))}
         if a.fused:

@@ -46,8 +46,8 @@ _VARIANTS = {   # variant: (the variant it starts from, (old, new) replacements)
     "swz32": ("full", [(_TILE, "_smem_tiled((2, *cfg.dq_part(d)), jnp.float32, 32)")]),
     "swz64": ("full", [(_TILE, "_smem_tiled((2, *cfg.dq_part(d)), jnp.float32, 64)")]),
     "flat": ("full", [(_TILE, "plgpu.SMEM((2, *cfg.dq_part(d)), jnp.float32)")]),
-    "splitdkv": ("full", [("dq = _build_dq(B, Tq, H, Sk, G, d, q.dtype, cfg, scale)(q, k, v, do, stats, kend, kmin, kmax)",
-                           "dq = q")]),
+    "splitdkv": ("full", [(
+        "dq = _build_dq(B, Tq, H, Sk, G, d, q.dtype, cfg, scale)(q, k, v, do, stats, kend, kmin, kmax)", "dq = q")]),
 }
 _SPLIT = {"splitdkv"}   # run with the split's config (two kernels), not fused_dq
 
@@ -86,7 +86,8 @@ def main(argv=None) -> None:
         mods = _variants(pathlib.Path(tmp), a.variants and a.variants.split(","))
         for d in (int(x) for x in a.head_dims.split(",")):
             args, kend = backward_inputs(S, d, causal=False)
-            config = lambda n, m: dataclasses.replace(m.default_bwd_config(d), fused_dq=n not in _SPLIT)   # m's own class
+            # each module's own BwdConfig class; the split's variants keep its two kernels
+            config = lambda n, m: dataclasses.replace(m.default_bwd_config(d), fused_dq=n not in _SPLIT)
             fns = {n: jax.jit(lambda *x, n=n, m=m: m.flash_attention_bwd(*x, kend, config=config(n, m)))
                    for n, m in mods.items()}
             fns["split"] = jax.jit(lambda *x: cur.flash_attention_bwd(*x, kend, config=cur.default_bwd_config(d)))

@@ -11,6 +11,7 @@ throttle reasons seen (a bit mask, NVML's ``clocksThrottleReasons``: 0x4 softwar
 
 import argparse
 import datetime
+import pathlib
 import statistics
 import subprocess
 import tempfile
@@ -29,7 +30,8 @@ def _query() -> str:
     """``_QUERY`` with the throttle-reason field name this driver's nvidia-smi accepts."""
     for name in _REASONS:
         q = _QUERY.format(name)
-        if subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True).returncode == 0:
+        probe = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True)
+        if probe.returncode == 0:
             return q
     raise SystemExit(f"nvidia-smi accepts neither of {_REASONS} as a query field")
 
@@ -104,7 +106,7 @@ def main(argv=None) -> None:
                     time.sleep(0.5)
             smi.terminate()
             smi.wait()
-            samples = parse_samples(open(log.name).read())
+            samples = parse_samples(pathlib.Path(log.name).read_text())   # by name: nvidia-smi -f opens it anew
         print(f"hd {hd} S {S} {'causal' if causal else 'non-causal'}: {len(samples)} samples")
         per = {n: [] for n in fns}
         for name, t0, t1, n in windows:
