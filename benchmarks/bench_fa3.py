@@ -19,10 +19,16 @@ variants in the same process: one CTA per tile (``specjax_grid``) and the persis
 capped to fit registers: hd64 256 -> 128). ``--fp8``: float8_e4m3fn rows instead (hd x causal x S,
 the stretch row hd 256 16k among them): ``specjax`` / ``specjax_kend`` are the FP8 forward
 (``fp8_config(hd, S, causal)``; bfloat16 O; the time includes the XLA transpose of V to V^T before the kernel),
-``cudnn`` and ``specjax_bf16`` (``default_config``) the same values in bfloat16. Writes
+``cudnn`` and ``specjax_bf16`` (``default_config``) the same values in bfloat16. ``--sustained SECONDS``: a
+second measure, not CUPTI bursts: per round each implementation runs back to back for ``--warm`` seconds untimed and
+then SECONDS timed by the wall clock (``sustained_ms``), so every figure is taken at the clock the board's power cap
+holds (the long rows' bursts start above it, pallas_kernels/NOTES.md v29); ``nvidia-smi`` samples the SM clock, power
+and clock-event reasons meanwhile and each row keeps their means over its windows; only ``specjax`` and ``cudnn``
+are timed. ``--dtypes`` picks the 16-bit dtypes. Writes
 ``benchmarks/results/fa3_<device>_<date><tag>.{json,md}`` (or under ``--out``). Needs a GPU.
 
-    PYTHONPATH=. python3 benchmarks/bench_fa3.py [--quick] [--variants] [--fp8] [--tag _x] [--out DIR]
+    PYTHONPATH=. python3 benchmarks/bench_fa3.py [--quick] [--variants] [--fp8] [--sustained 1.5] [--dtypes bfloat16]
+        [--tag _x] [--out DIR]
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import json
 import os
 import statistics
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -95,6 +102,35 @@ def _measure(fn, args, iters: int) -> float | None:
         return None
 
 
+def sustained_ms(fn, args, seconds: float, warm: float, spans: list | None = None, clock=time.time) -> float | None:
+    """ms per call of ``fn`` called back to back: ``warm`` seconds untimed, then ``seconds`` timed by ``clock``,
+    synchronising once per ~0.1 s of calls (a batch sized from one timed call) so the queue never runs dry for
+    long. Appends ``(fn, start, end)`` of the timed part to ``spans`` (for the clock samples)."""
+    try:
+        jax.block_until_ready(fn(*args))
+        t = clock()
+        jax.block_until_ready(fn(*args))
+        batch = max(1, min(10_000, int(0.1 / max(clock() - t, 1e-6))))
+
+        def run(limit):
+            t0, n = clock(), 0
+            while n == 0 or clock() - t0 < limit:
+                for _ in range(batch):
+                    out = fn(*args)
+                jax.block_until_ready(out)
+                n += batch
+            return t0, clock(), n
+        if warm > 0:
+            run(warm)
+        t0, t1, n = run(seconds)
+    except Exception as e:  # report, keep the table going
+        print(f"    failed: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+        return None
+    if spans is not None:
+        spans.append((fn, t0, t1))
+    return (t1 - t0) / n * 1e3
+
+
 def _args_for(args, name: str):
     """``args`` as one tuple for every implementation, or ``{name: tuple}`` (--fp8: bf16 copies for some)."""
     return args[name] if isinstance(args, dict) else args
@@ -137,9 +173,21 @@ def main(argv=None) -> None:
                          "on the same values beside")
     ap.add_argument("--num-ctas", type=int, default=None,
                     help="persistent grid size (default: the device's SM count, else 132)")
+    ap.add_argument("--sustained", type=float, default=None, metavar="SECONDS",
+                    help="time each implementation by the wall clock over SECONDS of back-to-back calls per round, "
+                         "after --warm seconds untimed (the clock the power cap holds), instead of CUPTI bursts; "
+                         "specjax and cudnn only")
+    ap.add_argument("--warm", type=float, default=0.5, help="untimed seconds before each --sustained window")
+    ap.add_argument("--dtypes", default="bfloat16,float16", help="the 16-bit rows' dtypes, comma-separated")
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error(f"--rounds takes a count >= 1 (timing rounds per row); got {args.rounds}")
+    if args.sustained is not None and (args.sustained <= 0 or args.warm < 0 or args.variants or args.fp8):
+        ap.error(f"--sustained takes seconds > 0 and --warm >= 0, without --variants or --fp8; got "
+                 f"{args.sustained}, {args.warm}, variants={args.variants}, fp8={args.fp8}")
+    dtypes = [d.strip() for d in args.dtypes.split(",")]
+    if not dtypes or any(d not in ("bfloat16", "float16") for d in dtypes):
+        ap.error(f"--dtypes takes bfloat16 and / or float16, comma-separated; got {args.dtypes!r}")
     dev = jax.devices()[0]
     if dev.platform != "gpu":
         sys.exit(f"bench_fa3.py times CUDA kernels and needs a GPU; JAX runs on {dev.platform}: "
@@ -147,7 +195,7 @@ def main(argv=None) -> None:
     ctas = (args.num_ctas or getattr(dev, "core_count", None) or 132) if args.variants else None
     seqs = (1024, 16384) if args.quick else (512, 1024, 2048, 4096, 8192, 16384)
     hds = (128,) if args.quick else (64, 128, 256)
-    grid = [(S, hd, c, dt) for dt in ((F8,) if args.fp8 else (jnp.bfloat16, jnp.float16)) for hd in hds
+    grid = [(S, hd, c, dt) for dt in ((F8,) if args.fp8 else [jnp.dtype(d).type for d in dtypes]) for hd in hds
             for c in (False, True) for S in seqs]
     key = jax.random.key(0)
     jobs = []
@@ -164,19 +212,64 @@ def main(argv=None) -> None:
         list(pool.map(lambda j: [_try_compile(f, _args_for(j[3], n)) for n, f in j[2].items()], jobs))
     rows = []
     columns = [n for n in IMPLS if (ctas or n not in VARIANTS) and (args.fp8 or n != "specjax_bf16")]
+    measure, sampler = _measure, None
+    if args.sustained:
+        columns = ["specjax", "cudnn"]
+        spans = []
+        measure = lambda fn, a, _iters: sustained_ms(fn, a, args.sustained, args.warm, spans)
+        sampler = _Sampler()
     for (S, hd, causal, dtype), (B, _, H, _), impls, qkv in jobs:
         flops = 4 * B * S * S * H * hd / (2 if causal else 1)
         row = {"S": S, "hd": hd, "causal": causal, "dtype": jnp.dtype(dtype).name}
-        timed = measure_row({n: impls[n] for n in columns if n in impls}, qkv, args.iters, args.rounds)
+        timed = measure_row({n: impls[n] for n in columns if n in impls}, qkv, args.iters, args.rounds, measure)
         for name in columns:
             ms = timed.get(name)
             row[f"{name}_tflops"] = None if not ms else round(flops / statistics.median(ms) / 1e9, 1)
             if args.rounds > 1:  # even rounds: specjax timed first in the row, odd ones: last
                 row[f"{name}_tflops_rounds"] = None if not ms else [round(flops / t / 1e9, 1) for t in ms]
+        if sampler:  # the SM clock, power and clock-event reasons over each implementation's timed windows
+            samples = sampler.samples()
+            for name in columns:
+                st = [sampler.stats(samples, t0, t1) for fn, t0, t1 in spans if fn is impls.get(name)]
+                st = [x for x in st if x]
+                if st:
+                    row[f"{name}_mhz"] = round(statistics.mean(x["mhz"] for x in st))
+                    row[f"{name}_watts"] = round(statistics.mean(x["watts"] for x in st))
+                    row[f"{name}_clock_events"] = hex(functools.reduce(lambda m, x: m | x["throttle"], st, 0))
+            spans.clear()
         print(row, flush=True)
         rows.append(row)
         _write(rows, dev, args.out, " ".join(["python3", *sys.argv]), quiet=len(rows) < len(jobs),
-               persistent_ctas=ctas, tag=args.tag, rounds=args.rounds)
+               persistent_ctas=ctas, tag=args.tag, rounds=args.rounds,
+               sustained=None if not args.sustained else (args.sustained, args.warm))
+    if sampler:
+        sampler.stop()
+
+
+class _Sampler:
+    """``nvidia-smi`` sampling the SM clock, board power and clock-event reasons every 50 ms into a temporary file
+    (``fa3_power_probe``'s query and parsing), for ``--sustained``."""
+
+    def __init__(self):
+        import subprocess
+        import tempfile
+        import fa3_power_probe as pp
+        self._pp, self._file = pp, tempfile.NamedTemporaryFile("r", suffix=".csv")
+        self._proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={pp._query()}", "--format=csv,noheader,nounits",
+                                       "-lms", "50", "-f", self._file.name])
+        time.sleep(1.0)
+
+    def samples(self):
+        import pathlib
+        return self._pp.parse_samples(pathlib.Path(self._file.name).read_text())
+
+    def stats(self, samples, t0, t1):
+        return self._pp.window_stats(samples, t0, t1, skip=0.0)
+
+    def stop(self):
+        self._proc.terminate()
+        self._proc.wait()
+        self._file.close()
 
 
 def _try_compile(fn, args):
@@ -186,12 +279,16 @@ def _try_compile(fn, args):
         pass
 
 
-def _write(rows, dev, out_dir, command, quiet=False, persistent_ctas=None, tag="", rounds=1) -> None:
+def _write(rows, dev, out_dir, command, quiet=False, persistent_ctas=None, tag="", rounds=1, sustained=None) -> None:
     """Rewrites the JSON and markdown table (after every row, so a cut-off run keeps its rows)."""
     name = device_name().lower()
     date = datetime.date.today().isoformat()
     doc = {"device": dev.device_kind, "jax": jax.__version__, "date": date, "command": command,
            "persistent_num_ctas": persistent_ctas, "timing_rounds": rounds, "rows": rows}
+    if sustained:
+        doc["measure"] = (f"sustained: per round, {sustained[1]} s of back-to-back calls untimed, then "
+                          f"{sustained[0]} s timed by the wall clock; *_mhz / *_watts / *_clock_events: nvidia-smi "
+                          "over the timed windows")
     os.makedirs(out_dir, exist_ok=True)
     base = os.path.join(out_dir, f"fa3_{name}_{date}{tag}")
     fmt = lambda x: "-" if x is None else f"{x:.0f}"
@@ -205,7 +302,7 @@ def _write(rows, dev, out_dir, command, quiet=False, persistent_ctas=None, tag="
         ov = f" {ratio(r.get('specjax_overlap_tflops'), r['cudnn_tflops'])} |" if var else ""
         md.append(f"| {r['dtype']} | {r['hd']} | {r['causal']} | {r['S']} | {fmt(r['specjax_tflops'])} | "
                   f"{fmt(r.get('specjax_kend_tflops'))} | " + extra
-                  + f"{fmt(r['cudnn_tflops'])} | {fmt(r['jax_mgpu_tflops'])} | "
+                  + f"{fmt(r['cudnn_tflops'])} | {fmt(r.get('jax_mgpu_tflops'))} | "
                   f"{ratio(r['specjax_tflops'], r['cudnn_tflops'])} | "
                   f"{ratio(r.get('specjax_kend_tflops'), r['cudnn_tflops'])} |" + ov)
     if any(r["dtype"] == "float8_e4m3fn" for r in rows):  # --fp8: the bf16 kernel beside, no attention_mgpu
@@ -215,9 +312,20 @@ def _write(rows, dev, out_dir, command, quiet=False, persistent_ctas=None, tag="
                f"{fmt(r.get('specjax_kend_tflops'))} | {fmt(r.get('specjax_bf16_tflops'))} | {fmt(r['cudnn_tflops'])} | "
                f"{ratio(r['specjax_tflops'], r['cudnn_tflops'])} | "
                f"{ratio(r['specjax_tflops'], r.get('specjax_bf16_tflops'))} |" for r in rows]
+    if sustained:  # the clock and power each implementation ran at
+        mw = lambda r, n: "-" if r.get(f"{n}_mhz") is None else f"{r[f'{n}_mhz']} / {r[f'{n}_watts']}"
+        ratio3 = lambda a, b: "-" if not (a and b) else f"{a / b:.3f}"
+        events = lambda r: " ".join(sorted({r.get(f"{n}_clock_events") for n in IMPLS} - {None}))
+        md = ["| dtype | hd | causal | S | specjax | cuDNN | specjax/cuDNN | specjax MHz / W | cuDNN MHz / W | "
+              "clock events |", "|---|---|---|---|---|---|---|---|---|---|"]
+        md += [f"| {r['dtype']} | {r['hd']} | {r['causal']} | {r['S']} | {fmt(r['specjax_tflops'])} | "
+               f"{fmt(r['cudnn_tflops'])} | {ratio3(r['specjax_tflops'], r['cudnn_tflops'])} | {mw(r, 'specjax')} | {mw(r, 'cudnn')} | "
+               f"{events(r)} |" for r in rows]
+    measure = (f"sustained {sustained[0]} s windows after {sustained[1]} s untimed, median of {rounds} rounds"
+               if sustained else f"median of {rounds} timing rounds")
     for path, text in ((base + ".json", json.dumps(doc, indent=1)),
                        (base + ".md", f"{dev.device_kind}, jax {jax.__version__}, {date}, TFLOPS "
-                        f"(median of {rounds} timing rounds)\n\n"
+                        f"({measure})\n\n"
                         + "\n".join(md) + "\n")):
         atomic_write_text(path, text)
     if not quiet:

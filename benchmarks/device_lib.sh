@@ -7,7 +7,7 @@
 # fa3_h100_deep_probe_gpu.sh, fa3_split_probe_gpu.sh, fa3_split_diag_gpu.sh, fa3_lazy_probe_gpu.sh,
 # fa3_branch_probe_gpu.sh, fa3_fp8_table_gpu.sh, fa3_racecheck_gpu.sh,
 # skinny_gemm_gpu.sh, xla_tiling_gpu.sh,
-# gpu_tests_gpu.sh. The helpers
+# gpu_tests_gpu.sh, fa3_sustained_gpu.sh. The helpers
 # they share.
 
 # The carried pure-Python wheels (.whl/, e.g. gguf) into /tmp/site, which the scripts put on PYTHONPATH. The FA3

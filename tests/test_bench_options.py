@@ -1,7 +1,7 @@
 """The benchmarks' options: ``--head LABEL=FOLDER`` (the drafting method comes from the folder's config.json),
 ``--draft-vocab LABEL=full|eagle3|IDS.npy`` (the shipped draft model over its whole LM head or a cut one), the FA3
-backward table's ``--variant NAME:FIELD=V,...``, the one-kernel backward's ablation variants, and the FA3 power
-probe's reading of nvidia-smi's samples."""
+backward table's ``--variant NAME:FIELD=V,...``, the one-kernel backward's ablation variants, the FA3 power
+probe's reading of nvidia-smi's samples and the FA3 table's ``--sustained`` measure."""
 
 import argparse
 import json
@@ -71,6 +71,33 @@ def test_power_probe_reads_nvidia_smi_samples_and_averages_a_window():
     st = fa3_power_probe.window_stats(samples, t0, t0 + 1.6, skip=0.3)
     assert st == {"n": 2, "mhz": 1650.0, "watts": 645.0, "throttle": 0x24}
     assert fa3_power_probe.window_stats(samples, t0 + 10, t0 + 20) is None
+
+
+def test_fa3_sustained_measure_times_only_after_its_warm_up_and_writes_its_table(tmp_path):
+    """``bench_fa3 --sustained``: the calls of the untimed warm-up do not count, the timed window is wall time over
+    calls (the batch sized from one timed call), a failure is None, and the table keeps the clock and power."""
+    import json
+    import jax
+    import bench_fa3
+    now = [0.0]
+
+    def fn(x):  # 2 ms per call on a fake clock
+        now[0] += 0.002
+        return x
+    spans = []
+    ms = bench_fa3.sustained_ms(fn, (1,), seconds=1.0, warm=0.5, spans=spans, clock=lambda: now[0])
+    assert ms == pytest.approx(2.0)
+    (f, t0, t1), = spans
+    assert f is fn and t0 == pytest.approx(0.004 + 0.5) and t1 - t0 == pytest.approx(1.0)  # 0.1 s batches
+    assert bench_fa3.sustained_ms(lambda x: 1 / 0, (1,), 1.0, 0.5) is None
+    row = {"S": 4096, "hd": 256, "causal": False, "dtype": "bfloat16", "specjax_tflops": 618.0,
+           "cudnn_tflops": 599.0, "specjax_mhz": 1638, "specjax_watts": 633,
+           "specjax_clock_events": "0x4", "cudnn_mhz": 1679, "cudnn_watts": 631, "cudnn_clock_events": "0x4"}
+    bench_fa3._write([row], jax.devices()[0], str(tmp_path), "cmd", quiet=True, rounds=3, sustained=(1.5, 0.5))
+    md, = tmp_path.glob("fa3_*.md")
+    assert "sustained 1.5 s windows after 0.5 s untimed, median of 3 rounds" in md.read_text()
+    assert "| bfloat16 | 256 | False | 4096 | 618 | 599 | 1.032 | 1638 / 633 | 1679 / 631 | 0x4 |" in md.read_text()
+    assert json.loads(md.with_suffix(".json").read_text())["measure"].startswith("sustained")
 
 
 @pytest.mark.assets
