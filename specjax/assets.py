@@ -18,7 +18,6 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import gguf
 from tqdm.auto import tqdm
 
 from specjax.errors import AssetsMissing, CheckpointError, SpecjaxError
@@ -164,7 +163,6 @@ def verify_gguf(path: str | os.PathLike) -> None:
         magic = f.read(4)
     if magic != b"GGUF":
         raise CheckpointError(f"{path} is not a GGUF file (starts with {magic!r}, expected b'GGUF')")
-    size = path.stat().st_size
     registered = {(home() / a.dest).resolve(): a for a in MODELS.values()}.get(path.resolve())
     if registered is not None:
         got = sha256_of(path)
@@ -172,10 +170,5 @@ def verify_gguf(path: str | os.PathLike) -> None:
             raise CheckpointError(f"{path} is corrupt: expected sha256 {registered.sha256}, got {got}; "
                                   "delete it and run `specjax fetch`")
         return
-    try:
-        reader = gguf.GGUFReader(path)
-        end = max((t.data_offset + int(t.n_bytes) for t in reader.tensors), default=0)
-    except Exception as e:  # gguf raises assorted errors on a cut-off header
-        raise CheckpointError(f"{path} is truncated or corrupt: cannot parse the GGUF header ({e})") from e
-    if end > size:
-        raise CheckpointError(f"{path} is truncated: tensor data ends at byte {end}, file has {size} bytes")
+    from specjax.loading.gguf_file import open_reader  # not at the top: its header cache imports `home` from here
+    open_reader(path)  # parses the header (kept for the load that follows) and checks where the tensors end

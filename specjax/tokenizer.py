@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-import gguf
 import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, processors
+
+from specjax.loading.gguf_file import open_reader
 
 # llama.cpp pre-tokenizer names -> HF pre-tokenizer (GPT-2 regex inside ByteLevel).
 _DIGITS_THEN_GPT2 = {"smollm", "starcoder", "refact", "codeshell", "exaone", "minerva", "command-r"}
@@ -61,9 +62,9 @@ class Tokenizer:
     special_tokens: dict  # bos_token / eos_token / pad_token / unk_token strings, for templates
 
     @classmethod
-    def from_gguf(cls, path: str | os.PathLike, reader: gguf.GGUFReader | None = None) -> Tokenizer:
-        """Build from GGUF metadata; pass an open ``reader`` to avoid parsing the header twice."""
-        reader = gguf.GGUFReader(path) if reader is None else reader
+    def from_gguf(cls, path: str | os.PathLike, reader=None) -> Tokenizer:
+        """Build from GGUF metadata; pass an open ``reader`` (``open_reader``'s) to avoid opening the header twice."""
+        reader = open_reader(path) if reader is None else reader
 
         def field(key, default=None):
             f = reader.fields.get(key)

@@ -1,4 +1,5 @@
-"""Loader behaviour: GGUF/HF round trips, Q/K un-permutation, name-map coverage, corrupt files."""
+"""Loader behaviour: GGUF/HF round trips, the GGUF header cache, Q/K un-permutation, name-map coverage, corrupt
+files."""
 
 import json
 
@@ -9,9 +10,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from specjax import config, layers, model
+from specjax import assets, config, layers, model
 from specjax.errors import CheckpointError
-from specjax.loading import export_hf, load_model, namemap
+from specjax.loading import export_hf, gguf_header, load_model, namemap
 from specjax.loading.build import split_params
 from specjax.loading.hf import config_from_hf
 from specjax.loading.transforms import permute_rows, unpermute_rows
@@ -80,6 +81,64 @@ def test_gguf_quantized_tensor_is_dequantized(tmp_path):
     np.testing.assert_array_equal(params2["embed"], gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0))
     assert not np.array_equal(params2["embed"], embed)  # Q8_0 is lossy: this did go through dequantize
     assert same(params2["layers"], params["layers"])
+
+
+def _same_header(a, b) -> None:
+    """Two readers (a gguf.GGUFReader, a cached ``gguf_header.Header``) give the loaders the same values."""
+    assert {k: f.contents() for k, f in a.fields.items()} == {k: f.contents() for k, f in b.fields.items()}
+    assert a.data_offset == b.data_offset and len(a.tensors) == len(b.tensors)
+    for x, y in zip(a.tensors, b.tensors):
+        assert (x.name, x.tensor_type, x.shape.tolist(), x.n_bytes, x.data_offset) == (
+            y.name, y.tensor_type, y.shape.tolist(), y.n_bytes, y.data_offset)
+        assert x.data.dtype == y.data.dtype and x.data.shape == y.data.shape
+        np.testing.assert_array_equal(np.asarray(x.data), np.asarray(y.data))
+
+
+def test_gguf_header_cache_loads_what_a_parse_loads(tmp_path, monkeypatch):
+    """``gguf_header``: a kept header gives the loaders what a parse of the file gives (config, params bit for
+    bit), and the next load takes it without parsing; the tensor data always comes from the file, so new weights
+    under the same header bytes load as new; other header bytes or a broken entry are parsed again and the entry
+    rewritten; headers under ``MIN_HEADER_BYTES`` are not kept."""
+    monkeypatch.setenv("SPECJAX_HOME", str(tmp_path / "home"))
+    cfg, params = random_model()
+    path = write_gguf(tmp_path / "m.gguf", cfg, params, q8_embed=True)  # Q8_0 and F32 tensors
+    entry = gguf_header.entry_path(path)
+    _, want = load_model(path, jnp.float32)
+    assert not entry.exists()  # a tiny header
+    monkeypatch.setattr(gguf_header, "MIN_HEADER_BYTES", 0)
+    load_model(path, jnp.float32)
+    _same_header(gguf.GGUFReader(path), gguf_header.read(path))
+    parse = gguf.GGUFReader
+    monkeypatch.setattr(gguf, "GGUFReader", lambda *a: pytest.fail("parsed although its header was kept"))
+    cfg2, got = load_model(path, jnp.float32)
+    assert cfg2 == cfg and same(got, want)
+    _, params1 = random_model(seed=1)
+    write_gguf(path, cfg, params1, q8_embed=True)  # other weights, the same header bytes: the entry holds
+    got = load_model(path, jnp.float32)[1]
+    monkeypatch.setattr(gguf, "GGUFReader", parse)
+    with monkeypatch.context() as m:
+        m.setattr(gguf_header, "read", lambda path: None)
+        assert same(got, load_model(path, jnp.float32)[1]) and not same(got, want)
+    write_gguf(path, cfg, params1)  # an F32 embedding: other header bytes, so the entry is stale
+    assert gguf_header.read(path) is None
+    assert same(load_model(path, jnp.float32)[1], params1)
+    _same_header(gguf.GGUFReader(path), gguf_header.read(path))
+    entry.write_text("{not json")
+    assert gguf_header.read(path) is None and same(load_model(path, jnp.float32)[1], params1)
+    assert gguf_header.read(path) is not None
+
+
+@pytest.mark.assets
+def test_smollm2_cached_header_is_the_parsed_header(tmp_path, monkeypatch):
+    """SmolLM2's header (Q4_1, Q8_0, F32 tensors; 49152 tokens, merges, the chat template) through the cache's
+    JSON equals gguf's parse of the file: the tokenizer and the weights read the same values either way."""
+    path = assets.home() / assets.MODELS["smollm2-135m-instruct"].dest
+    if not path.is_file():
+        pytest.skip(f"{path} missing: run `specjax fetch` (or `make test`, which fetches)")
+    monkeypatch.setenv("SPECJAX_HOME", str(tmp_path))  # a fresh cache, after the model's path was taken
+    reader = gguf.GGUFReader(path)
+    assert gguf_header.write(path, reader)
+    _same_header(reader, gguf_header.read(path))
 
 
 @pytest.mark.parametrize("n_head", [9, 3])  # SmolLM2: 9 query heads, 3 kv heads, head dim 64
