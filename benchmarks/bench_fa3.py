@@ -319,8 +319,8 @@ def _write(rows, dev, out_dir, command, quiet=False, persistent_ctas=None, tag="
         md = ["| dtype | hd | causal | S | specjax | cuDNN | specjax/cuDNN | specjax MHz / W | cuDNN MHz / W | "
               "clock events |", "|---|---|---|---|---|---|---|---|---|---|"]
         md += [f"| {r['dtype']} | {r['hd']} | {r['causal']} | {r['S']} | {fmt(r['specjax_tflops'])} | "
-               f"{fmt(r['cudnn_tflops'])} | {ratio3(r['specjax_tflops'], r['cudnn_tflops'])} | {mw(r, 'specjax')} | {mw(r, 'cudnn')} | "
-               f"{events(r)} |" for r in rows]
+               f"{fmt(r['cudnn_tflops'])} | {ratio3(r['specjax_tflops'], r['cudnn_tflops'])} | {mw(r, 'specjax')} | "
+               f"{mw(r, 'cudnn')} | {events(r)} |" for r in rows]
     measure = (f"sustained {sustained[0]} s windows after {sustained[1]} s untimed, median of {rounds} rounds"
                if sustained else f"median of {rounds} timing rounds")
     for path, text in ((base + ".json", json.dumps(doc, indent=1)),
