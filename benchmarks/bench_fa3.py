@@ -217,7 +217,8 @@ def main(argv=None) -> None:
         columns = ["specjax", "cudnn"]
         spans = []
         measure = lambda fn, a, _iters: sustained_ms(fn, a, args.sustained, args.warm, spans)
-        sampler = _Sampler()
+        from fa3_power_probe import Sampler, window_stats   # not at the top: it imports this module
+        sampler = Sampler()
     for (S, hd, causal, dtype), (B, _, H, _), impls, qkv in jobs:
         flops = 4 * B * S * S * H * hd / (2 if causal else 1)
         row = {"S": S, "hd": hd, "causal": causal, "dtype": jnp.dtype(dtype).name}
@@ -230,7 +231,7 @@ def main(argv=None) -> None:
         if sampler:  # the SM clock, power and clock-event reasons over each implementation's timed windows
             samples = sampler.samples()
             for name in columns:
-                st = [sampler.stats(samples, t0, t1) for fn, t0, t1 in spans if fn is impls.get(name)]
+                st = [window_stats(samples, t0, t1, skip=0.0) for fn, t0, t1 in spans if fn is impls.get(name)]
                 st = [x for x in st if x]
                 if st:
                     row[f"{name}_mhz"] = round(statistics.mean(x["mhz"] for x in st))
@@ -244,32 +245,6 @@ def main(argv=None) -> None:
                sustained=None if not args.sustained else (args.sustained, args.warm))
     if sampler:
         sampler.stop()
-
-
-class _Sampler:
-    """``nvidia-smi`` sampling the SM clock, board power and clock-event reasons every 50 ms into a temporary file
-    (``fa3_power_probe``'s query and parsing), for ``--sustained``."""
-
-    def __init__(self):
-        import subprocess
-        import tempfile
-        import fa3_power_probe as pp
-        self._pp, self._file = pp, tempfile.NamedTemporaryFile("r", suffix=".csv")
-        self._proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={pp._query()}", "--format=csv,noheader,nounits",
-                                       "-lms", "50", "-f", self._file.name])
-        time.sleep(1.0)
-
-    def samples(self):
-        import pathlib
-        return self._pp.parse_samples(pathlib.Path(self._file.name).read_text())
-
-    def stats(self, samples, t0, t1):
-        return self._pp.window_stats(samples, t0, t1, skip=0.0)
-
-    def stop(self):
-        self._proc.terminate()
-        self._proc.wait()
-        self._file.close()
 
 
 def _try_compile(fn, args):

@@ -1,6 +1,7 @@
 """Clock and power while the FA3 forward and cuDNN run the long non-causal rows, where their readings spread 5-10 %
-within one process (pallas_kernels/NOTES.md v28). Each implementation runs back to back for ``--seconds`` per window,
-the two alternating for ``--windows`` windows each, while ``nvidia-smi`` samples the SM clock, board power and the
+within one process (pallas_kernels/NOTES.md v28). Each implementation runs back to back for ``--seconds`` per window
+(``bench_fa3.sustained_ms`` without its warm-up; v29's calls synchronised every 10 calls, it every ~0.1 s), the two
+alternating for ``--windows`` windows each, while ``nvidia-smi`` samples the SM clock, board power and the
 active clock-throttle reasons every 50 ms. Per window: TFLOPS, mean SM clock, mean power, energy per call, and the
 throttle reasons seen (a bit mask, NVML's ``clocksThrottleReasons``: 0x4 software power cap, 0x20 software thermal,
 0x40 hardware thermal, 0x80 hardware power brake).
@@ -20,7 +21,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from bench_fa3 import _impls
+from bench_fa3 import _impls, sustained_ms
 
 _QUERY = "timestamp,clocks.sm,power.draw,{}.active"
 _REASONS = ("clocks_event_reasons", "clocks_throttle_reasons")   # newer drivers' name, then the older one
@@ -63,15 +64,23 @@ def window_stats(samples, t0: float, t1: float, skip: float = 0.3) -> dict | Non
             "watts": statistics.mean(s[2] for s in inside), "throttle": mask}
 
 
-def _run_for(fn, args, seconds: float) -> tuple[float, float, int]:
-    """Calls fn back to back (10 per sync) for about ``seconds``: (start, end, calls)."""
-    t0, n = time.time(), 0
-    while time.time() - t0 < seconds:
-        for _ in range(10):
-            out = fn(*args)
-        jax.block_until_ready(out)
-        n += 10
-    return t0, time.time(), n
+class Sampler:
+    """``nvidia-smi`` sampling the SM clock, board power and clock-event reasons every 50 ms into a temporary file
+    from construction to ``stop()``; ``samples()`` reads what it has written so far."""
+
+    def __init__(self):
+        self._file = tempfile.NamedTemporaryFile("r", suffix=".csv")
+        self._proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={_query()}", "--format=csv,noheader,nounits",
+                                       "-lms", "50", "-f", self._file.name])
+        time.sleep(1.0)
+
+    def samples(self) -> list[tuple[float, float, float, int]]:
+        return parse_samples(pathlib.Path(self._file.name).read_text())   # by name: nvidia-smi -f opens it anew
+
+    def stop(self) -> None:
+        self._proc.terminate()
+        self._proc.wait()
+        self._file.close()
 
 
 def main(argv=None) -> None:
@@ -84,7 +93,6 @@ def main(argv=None) -> None:
         ap.error(f"--seconds must be > 0 and --windows >= 1, got {a.seconds} and {a.windows}")
     print(subprocess.run(["nvidia-smi", "--query-gpu=name,power.limit,clocks.max.sm", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip(), f"jax {jax.__version__}")
-    query = _query()
     for row in a.rows.split(","):
         hd, S, c = row.split(":")
         hd, S, causal = int(hd), int(S), c == "c"
@@ -94,23 +102,21 @@ def main(argv=None) -> None:
         for f in fns.values():
             jax.block_until_ready(f(q, k, v))
         flops = 4 * B * S * S * H * d / (2 if causal else 1)
-        with tempfile.NamedTemporaryFile("r", suffix=".csv") as log:
-            smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits",
-                                    "-lms", "50", "-f", log.name])
-            time.sleep(1.0)
-            windows = []
-            for w in range(a.windows):
-                for name in fns if w % 2 == 0 else list(fns)[::-1]:
-                    t0, t1, n = _run_for(fns[name], (q, k, v), a.seconds)
-                    windows.append((name, t0, t1, n))
-                    time.sleep(0.5)
-            smi.terminate()
-            smi.wait()
-            samples = parse_samples(pathlib.Path(log.name).read_text())   # by name: nvidia-smi -f opens it anew
+        sampler, windows = Sampler(), []
+        for w in range(a.windows):
+            for name in fns if w % 2 == 0 else list(fns)[::-1]:
+                spans = []
+                ms = sustained_ms(fns[name], (q, k, v), a.seconds, warm=0.0, spans=spans)
+                if ms is None:
+                    raise SystemExit(f"{name} failed at hd {hd} S {S} (its error is printed above)")
+                windows.append((name, spans[0][1], spans[0][2], ms))
+                time.sleep(0.5)
+        samples = sampler.samples()
+        sampler.stop()
         print(f"hd {hd} S {S} {'causal' if causal else 'non-causal'}: {len(samples)} samples")
         per = {n: [] for n in fns}
-        for name, t0, t1, n in windows:
-            ms = (t1 - t0) / n * 1e3
+        for name, t0, t1, ms in windows:
+            n = round((t1 - t0) / ms * 1e3)
             st = window_stats(samples, t0, t1)
             tf = flops / ms / 1e9
             line = f"  {name:8s} {tf:6.0f} TFLOPS ({n} calls, {ms:.3f} ms)"
