@@ -40,6 +40,7 @@ import datetime
 import functools
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -179,6 +180,8 @@ def main(argv=None) -> None:
                          "specjax and cudnn only")
     ap.add_argument("--warm", type=float, default=0.5, help="untimed seconds before each --sustained window")
     ap.add_argument("--dtypes", default="bfloat16,float16", help="the 16-bit rows' dtypes, comma-separated")
+    ap.add_argument("--rows", default=None, metavar="HD:S:c|n,...",
+                    help="only these rows of the table (head dim, keys, c causal / n not), e.g. 256:4096:c,128:16384:n")
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error(f"--rounds takes a count >= 1 (timing rounds per row); got {args.rounds}")
@@ -188,6 +191,10 @@ def main(argv=None) -> None:
     dtypes = [d.strip() for d in args.dtypes.split(",")]
     if not dtypes or any(d not in ("bfloat16", "float16") for d in dtypes):
         ap.error(f"--dtypes takes bfloat16 and / or float16, comma-separated; got {args.dtypes!r}")
+    try:
+        only = _parse_rows(args.rows)
+    except ValueError as e:
+        ap.error(str(e))
     dev = jax.devices()[0]
     if dev.platform != "gpu":
         sys.exit(f"bench_fa3.py times CUDA kernels and needs a GPU; JAX runs on {dev.platform}: "
@@ -196,7 +203,7 @@ def main(argv=None) -> None:
     seqs = (1024, 16384) if args.quick else (512, 1024, 2048, 4096, 8192, 16384)
     hds = (128,) if args.quick else (64, 128, 256)
     grid = [(S, hd, c, dt) for dt in ((F8,) if args.fp8 else [jnp.dtype(d).type for d in dtypes]) for hd in hds
-            for c in (False, True) for S in seqs]
+            for c in (False, True) for S in seqs if only is None or (hd, S, c) in only]
     key = jax.random.key(0)
     jobs = []
     for S, hd, causal, dtype in grid:
@@ -242,9 +249,23 @@ def main(argv=None) -> None:
         rows.append(row)
         _write(rows, dev, args.out, " ".join(["python3", *sys.argv]), quiet=len(rows) < len(jobs),
                persistent_ctas=ctas, tag=args.tag, rounds=args.rounds,
-               sustained=None if not args.sustained else (args.sustained, args.warm))
+               sustained=None if not args.sustained else (args.sustained, args.warm), planned=len(jobs))
     if sampler:
         sampler.stop()
+
+
+def _parse_rows(text: str | None) -> set | None:
+    """``--rows``' "HD:S:c|n,..." as {(hd, S, causal)}; None: every row."""
+    if text is None:
+        return None
+    rows = set()
+    for item in text.split(","):
+        m = re.fullmatch(r"(64|128|256):(512|1024|2048|4096|8192|16384):([cn])", item.strip())
+        if not m:
+            raise ValueError(f"--rows takes HD:S:c|n items of the table (HD 64/128/256, S 512-16384, c causal, "
+                             f"n not), comma-separated; got {item!r}")
+        rows.add((int(m[1]), int(m[2]), m[3] == "c"))
+    return rows
 
 
 def _try_compile(fn, args):
@@ -254,12 +275,14 @@ def _try_compile(fn, args):
         pass
 
 
-def _write(rows, dev, out_dir, command, quiet=False, persistent_ctas=None, tag="", rounds=1, sustained=None) -> None:
-    """Rewrites the JSON and markdown table (after every row, so a cut-off run keeps its rows)."""
+def _write(rows, dev, out_dir, command, quiet=False, persistent_ctas=None, tag="", rounds=1, sustained=None,
+           planned=None) -> None:
+    """Rewrites the JSON and markdown table (after every row, so a cut-off run keeps its rows; ``planned``: the
+    rows the run set out to time, so a cut-off table says so)."""
     name = device_name().lower()
     date = datetime.date.today().isoformat()
     doc = {"device": dev.device_kind, "jax": jax.__version__, "date": date, "command": command,
-           "persistent_num_ctas": persistent_ctas, "timing_rounds": rounds, "rows": rows}
+           "persistent_num_ctas": persistent_ctas, "timing_rounds": rounds, "rows_planned": planned, "rows": rows}
     if sustained:
         doc["measure"] = (f"sustained: per round, {sustained[1]} s of back-to-back calls untimed, then "
                           f"{sustained[0]} s timed by the wall clock; *_mhz / *_watts / *_clock_events: nvidia-smi "
@@ -298,6 +321,8 @@ def _write(rows, dev, out_dir, command, quiet=False, persistent_ctas=None, tag="
                f"{mw(r, 'cudnn')} | {events(r)} |" for r in rows]
     measure = (f"sustained {sustained[0]} s windows after {sustained[1]} s untimed, median of {rounds} rounds"
                if sustained else f"median of {rounds} timing rounds")
+    if planned and len(rows) < planned:
+        measure += f"; {len(rows)} of {planned} rows, the run cut off or still going"
     for path, text in ((base + ".json", json.dumps(doc, indent=1)),
                        (base + ".md", f"{dev.device_kind}, jax {jax.__version__}, {date}, TFLOPS "
                         f"({measure})\n\n"

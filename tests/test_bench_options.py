@@ -5,6 +5,7 @@ probe's reading of nvidia-smi's samples and the FA3 table's ``--sustained`` meas
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -98,6 +99,19 @@ def test_fa3_sustained_measure_times_only_after_its_warm_up_and_writes_its_table
     assert "sustained 1.5 s windows after 0.5 s untimed, median of 3 rounds" in md.read_text()
     assert "| bfloat16 | 256 | False | 4096 | 618 | 599 | 1.032 | 1638 / 633 | 1679 / 631 | 0x4 |" in md.read_text()
     assert json.loads(md.with_suffix(".json").read_text())["measure"].startswith("sustained")
+    assert "rows, the run cut off" not in md.read_text()
+    bench_fa3._write([row], jax.devices()[0], str(tmp_path), "cmd", quiet=True, planned=3)  # a run cut off
+    assert "median of 1 timing rounds; 1 of 3 rows, the run cut off or still going" in md.read_text()
+    assert json.loads(md.with_suffix(".json").read_text())["rows_planned"] == 3
+
+
+def test_fa3_rows_option_picks_rows_of_the_table():
+    import bench_fa3
+    assert bench_fa3._parse_rows(None) is None
+    assert bench_fa3._parse_rows("256:4096:c, 128:16384:n") == {(256, 4096, True), (128, 16384, False)}
+    for bad in ("256:4000:c", "96:4096:n", "128:4096", "128:4096:x"):
+        with pytest.raises(ValueError, match=re.escape("--rows takes HD:S:c|n items")):
+            bench_fa3._parse_rows(bad)
 
 
 @pytest.mark.assets
