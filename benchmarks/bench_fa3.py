@@ -204,6 +204,8 @@ def main(argv=None) -> None:
     hds = (128,) if args.quick else (64, 128, 256)
     grid = [(S, hd, c, dt) for dt in ((F8,) if args.fp8 else [jnp.dtype(d).type for d in dtypes]) for hd in hds
             for c in (False, True) for S in seqs if only is None or (hd, S, c) in only]
+    if not grid:
+        ap.error(f"--rows {args.rows!r} names no row of the table chosen (--quick: hd 128, S 1k and 16k only)")
     key = jax.random.key(0)
     jobs = []
     for S, hd, causal, dtype in grid:
