@@ -192,20 +192,22 @@ def main(argv=None) -> None:
     if not dtypes or any(d not in ("bfloat16", "float16") for d in dtypes):
         ap.error(f"--dtypes takes bfloat16 and / or float16, comma-separated; got {args.dtypes!r}")
     try:
-        only = _parse_rows(args.rows)
+        only = parse_rows(args.rows)
     except ValueError as e:
         ap.error(str(e))
+    seqs = (1024, 16384) if args.quick else (512, 1024, 2048, 4096, 8192, 16384)
+    hds = (128,) if args.quick else (64, 128, 256)
+    outside = [r for r in only or () if r[0] not in hds or r[1] not in seqs]
+    if outside:
+        ap.error(f"--rows names rows outside the table chosen (S 512-16384 in powers of two; --quick: hd 128, S 1k "
+                 f"and 16k only): {', '.join(f'{hd}:{S}:{'c' if c else 'n'}' for hd, S, c in outside)}")
     dev = jax.devices()[0]
     if dev.platform != "gpu":
         sys.exit(f"bench_fa3.py times CUDA kernels and needs a GPU; JAX runs on {dev.platform}: "
                  "nothing measured")
     ctas = (args.num_ctas or getattr(dev, "core_count", None) or 132) if args.variants else None
-    seqs = (1024, 16384) if args.quick else (512, 1024, 2048, 4096, 8192, 16384)
-    hds = (128,) if args.quick else (64, 128, 256)
     grid = [(S, hd, c, dt) for dt in ((F8,) if args.fp8 else [jnp.dtype(d).type for d in dtypes]) for hd in hds
             for c in (False, True) for S in seqs if only is None or (hd, S, c) in only]
-    if not grid:
-        ap.error(f"--rows {args.rows!r} names no row of the table chosen (--quick: hd 128, S 1k and 16k only)")
     key = jax.random.key(0)
     jobs = []
     for S, hd, causal, dtype in grid:
@@ -256,17 +258,19 @@ def main(argv=None) -> None:
         sampler.stop()
 
 
-def _parse_rows(text: str | None) -> set | None:
-    """``--rows``' "HD:S:c|n,..." as {(hd, S, causal)}; None: every row."""
+def parse_rows(text: str | None) -> list[tuple[int, int, bool]] | None:
+    """``--rows``' "HD:S:c|n,..." (this table's and ``fa3_power_probe``'s) as [(hd, S, causal)] in the order
+    given, each once; None: every row."""
     if text is None:
         return None
-    rows = set()
+    rows = []
     for item in text.split(","):
-        m = re.fullmatch(r"(64|128|256):(512|1024|2048|4096|8192|16384):([cn])", item.strip())
+        m = re.fullmatch(r"(64|128|256):([1-9][0-9]*):([cn])", item.strip())
         if not m:
-            raise ValueError(f"--rows takes HD:S:c|n items of the table (HD 64/128/256, S 512-16384, c causal, "
-                             f"n not), comma-separated; got {item!r}")
-        rows.add((int(m[1]), int(m[2]), m[3] == "c"))
+            raise ValueError(f"--rows takes HD:S:c|n items (HD 64/128/256, S keys, c causal, n not), "
+                             f"comma-separated; got {item!r}")
+        row = (int(m[1]), int(m[2]), m[3] == "c")
+        rows += [row] if row not in rows else []
     return rows
 
 

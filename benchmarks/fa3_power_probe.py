@@ -21,7 +21,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from bench_fa3 import _impls, sustained_ms
+from bench_fa3 import _impls, parse_rows, sustained_ms
 
 _QUERY = "timestamp,clocks.sm,power.draw,{}.active"
 _REASONS = ("clocks_event_reasons", "clocks_throttle_reasons")   # newer drivers' name, then the older one
@@ -91,11 +91,13 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     if a.seconds <= 0 or a.windows < 1:
         ap.error(f"--seconds must be > 0 and --windows >= 1, got {a.seconds} and {a.windows}")
+    try:
+        rows = parse_rows(a.rows)
+    except ValueError as e:
+        ap.error(str(e))
     print(subprocess.run(["nvidia-smi", "--query-gpu=name,power.limit,clocks.max.sm", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip(), f"jax {jax.__version__}")
-    for row in a.rows.split(","):
-        hd, S, c = row.split(":")
-        hd, S, causal = int(hd), int(S), c == "c"
+    for hd, S, causal in rows:
         (B, S, H, d), impls = _impls(S, hd, causal, jnp.bfloat16, None)
         fns = {n: impls[n] for n in ("specjax", "cudnn")}
         q, k, v = (jax.random.normal(kk, (B, S, H, d), jnp.bfloat16) for kk in jax.random.split(jax.random.key(0), 3))

@@ -105,13 +105,21 @@ def test_fa3_sustained_measure_times_only_after_its_warm_up_and_writes_its_table
     assert json.loads(md.with_suffix(".json").read_text())["rows_planned"] == 3
 
 
-def test_fa3_rows_option_picks_rows_of_the_table():
+def test_fa3_rows_option_picks_rows_of_the_table(capsys):
     import bench_fa3
-    assert bench_fa3._parse_rows(None) is None
-    assert bench_fa3._parse_rows("256:4096:c, 128:16384:n") == {(256, 4096, True), (128, 16384, False)}
-    for bad in ("256:4000:c", "96:4096:n", "128:4096", "128:4096:x"):
+    assert bench_fa3.parse_rows(None) is None
+    assert bench_fa3.parse_rows("256:4096:c, 128:16384:n,256:4096:c") == [(256, 4096, True), (128, 16384, False)]
+    assert bench_fa3.parse_rows("128:3000:n") == [(128, 3000, False)]  # any length: the power probe's rows too
+    for bad in ("96:4096:n", "128:4096", "128:4096:x", "128:0:n"):
         with pytest.raises(ValueError, match=re.escape("--rows takes HD:S:c|n items")):
-            bench_fa3._parse_rows(bad)
+            bench_fa3.parse_rows(bad)
+    for argv, outside in ((["--rows", "256:4000:c"], "256:4000:c"),    # checked before any GPU is needed
+                          (["--quick", "--rows", "128:1024:n,64:1024:n"], "64:1024:n")):
+        with pytest.raises(SystemExit) as e:
+            bench_fa3.main(argv)
+        assert e.value.code == 2
+        assert f"--rows names rows outside the table chosen (S 512-16384 in powers of two; --quick: hd 128, S 1k and " \
+               f"16k only): {outside}" in capsys.readouterr().err.replace("\n", " ")
 
 
 @pytest.mark.assets
