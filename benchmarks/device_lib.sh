@@ -4,7 +4,7 @@
 # fa3_rounds_gpu.sh, fa3_static_gpu.sh, fa3_late_gpu.sh, fa3_produce_gpu.sh,
 # fa3_retune_gpu.sh, fa3_snake_gpu.sh, fa3_h100_gpu.sh, fa3_h100_probe_gpu.sh, fa3_balanced_probe_gpu.sh,
 # fa3_h100_rows_probe_gpu.sh, fa3_h100_rows2_probe_gpu.sh, fa3_h100_hd256_probe_gpu.sh,
-# fa3_h100_deep_probe_gpu.sh, fa3_split_probe_gpu.sh, fa3_split_diag_gpu.sh, fa3_lazy_probe_gpu.sh,
+# fa3_h100_deep_probe_gpu.sh, fa3_lazy_probe_gpu.sh,
 # fa3_branch_probe_gpu.sh, fa3_fp8_table_gpu.sh, fa3_racecheck_gpu.sh,
 # skinny_gemm_gpu.sh, xla_tiling_gpu.sh,
 # gpu_tests_gpu.sh, fa3_sustained_gpu.sh. The helpers

@@ -11,14 +11,10 @@ the kernel deals them:
 Per row it prints the items, the waves (items / SMs), and ``busiest``: the busiest SM's cost over the mean, which
 is 1.0 when the work divides evenly. ``1 - 1 / busiest`` is what the row loses to SMs idling at the end, the most
 that splitting items along the keys to fill the last wave (stream-K, as CUTLASS does for GEMMs) could win back
-before that split's own cost. ``with split_tail``: the same with ``TuningConfig(split_tail=True)``'s pieces
-(``_tail_pieces``: the items after the last full round cut into runs of KV steps that even out the CTAs, each
-piece paying the item cost too) on the row's config in its persistent form (a grid pick as persistent, same blocks), and the speedup
-that predicts over the row's pick (before the merge after the kernel, and for a grid pick, before whatever the
-persistent form itself costs there). Nothing is timed: the costs are counts. Checked on an H100 (pallas_kernels/NOTES.md
-v25), the split column overpredicts: the split kernel alone was level at hd 128 1-2k non-causal where it counts
-+1.3-2.1 % (likely: SMs of a partly idle last round run their items faster than a full round's, and a piece costs more
-than 2 steps), and lost 7-12 % at hd 256 with one K/V stage.
+before that split's own cost. Nothing is timed: the costs are counts. A stream-K over the last round
+(``split_tail``, built, measured slower on an H100 and removed; pallas_kernels/NOTES.md v25 and the removal there)
+recovered less than this count: the split kernel alone was level at hd 128 1-2k non-causal where the count
+predicted +1.3-2.1 %, and lost 7-12 % at hd 256 with one K/V stage.
 
     PYTHONPATH=. python3 benchmarks/fa3_waves.py [--sms 132] [--item-cost 2] [--out FILE]
 """
@@ -32,8 +28,7 @@ import os
 import jax
 import numpy as np
 
-from pallas_kernels.flash_attention import (_balanced_order, _item_steps, _tail_pieces, default_config, key_end,
-                                            padded_key_ends)
+from pallas_kernels.flash_attention import _balanced_order, _item_steps, default_config, key_end, padded_key_ends
 
 SEQS = (512, 1024, 2048, 4096, 8192, 16384)
 
@@ -72,23 +67,6 @@ def sm_loads(hd: int, S: int, causal: bool, sms: int, item_cost: float):
     return n, load
 
 
-def split_load(hd: int, S: int, causal: bool, sms: int, item_cost: float) -> float:
-    """The busiest CTA's cost with ``split_tail`` (the row's config, persistent): its whole items, then the
-    pieces ``_tail_pieces`` deals it, each ``k_hi - k_lo`` steps plus ``item_cost``."""
-    cfg, cost, kmax, H = item_costs(hd, S, causal, item_cost)
-    (B, n_tiles), n = kmax.shape, cost.shape[0]
-    ctas = min(sms, n)
-    order = (np.asarray(_balanced_order(kmax, cfg, -(-S // cfg.block_kv), H, ctas)) if cfg.balanced
-             else np.arange(n))
-    plan = _tail_pieces(cost - item_cost, order, ctas, n_tiles, H)
-    if plan is None:
-        return max(cost[order[c::ctas]].sum() for c in range(ctas))
-    table, full = plan.table.reshape(ctas, -1), plan.n_full * ctas
-    pieces = lambda c: table[c, 1:1 + 4 * table[c, 0]].reshape(-1, 4)
-    return max(cost[order[c:full:ctas]].sum() + sum(hi - lo + item_cost for _, lo, hi, _ in pieces(c))
-               for c in range(ctas))
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sms", type=int, default=132, help="SMs (H100 SXM and H200: 132)")
@@ -98,10 +76,9 @@ def main(argv=None) -> None:
     lines = [f"# FA3 table rows: items per SM and the busiest SM's work over the mean ({a.sms} SMs, item cost = "
              f"KV steps + {a.item_cost:g}; jax {jax.__version__}; command: python3 benchmarks/fa3_waves.py "
              f"--sms {a.sms} --item-cost {a.item_cost:g})",
-             "| hd | S | mask | config | items | waves | busiest / mean | lost to the last wave | with split_tail | "
-             "predicted speedup |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    lost, gain = [], []
+             "| hd | S | mask | config | items | waves | busiest / mean | lost to the last wave |",
+             "|---|---|---|---|---|---|---|---|"]
+    lost = []
     for hd in (64, 128, 256):
         for causal in (False, True):
             for S in SEQS:
@@ -109,15 +86,11 @@ def main(argv=None) -> None:
                 n, load = sm_loads(hd, S, causal, a.sms, a.item_cost)
                 waves, b = n / a.sms, float(load.max() / load.mean())
                 lost.append(1 - 1 / b)
-                split = split_load(hd, S, causal, a.sms, a.item_cost) / load.mean()
-                gain.append(b / split)
                 sched = "balanced" if cfg.balanced else "persistent" if cfg.persistent else "grid"
                 lines.append(f"| {hd} | {S} | {'causal' if causal else 'none'} | {cfg.block_kv}-key {sched}, "
-                             f"{cfg.rows} rows | {n} | {waves:.2f} | {b:.3f} | {100 * (1 - 1 / b):.1f} % | "
-                             f"{split:.3f} | {b / split:.3f}x |")
+                             f"{cfg.rows} rows | {n} | {waves:.2f} | {b:.3f} | {100 * (1 - 1 / b):.1f} % |")
     lines.append(f"mean loss over the 36 rows: {100 * np.mean(lost):.2f} %; "
-                 f"geomean of busiest / mean: {math.exp(-np.mean(np.log(1 - np.array(lost)))):.4f}; "
-                 f"geomean of the predicted split_tail speedup: {math.exp(np.mean(np.log(gain))):.4f}x")
+                 f"geomean of busiest / mean: {math.exp(-np.mean(np.log(1 - np.array(lost)))):.4f}")
     print("\n".join(lines))
     if a.out:   # written whole, then renamed: never a half-written results file
         with open(a.out + ".tmp", "w") as f:

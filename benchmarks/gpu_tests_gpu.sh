@@ -7,7 +7,7 @@
 # time) come back. Tests that need the SmolLM2 GGUF skip with their reason unless it was staged.
 # Times on an H100 at 8 workers (2026-12-06): tests/test_flash_attention.py's 414 in 488 s; of the other five files'
 # 120, 102 by a 380 s limit and the other 18 in 154 s in another call. So the whole set takes two calls, the second
-# with LIMIT near 560. FILES may carry pytest options, e.g. FILES="tests/test_flash_attention.py -k split_tail".
+# with LIMIT near 560. FILES may carry pytest options, e.g. FILES="tests/test_flash_attention.py -k lazy_rescale".
 set -uo pipefail
 source benchmarks/device_lib.sh  # probe_setup, step
 probe_setup /tmp/gputests_out gpu_tests_log.txt

@@ -76,12 +76,12 @@ def parse_label(text: str, sms: int, config_type=TuningConfig) -> TuningConfig:
     """The inverse of ``label``: ``"128/2/P+O/o0"`` -> TuningConfig(block_kv=128, num_stages=2,
     persistent=True, overlap=True, o_tiles=0, num_ctas=sms); a ``/c3`` suffix: 3 consumers, ``/s1``:
     ``spare_q``, ``/a1``: ``alternate_gemms``, ``/f1``: ``prefetch``, ``/m0``: ``kernel_mask=False``,
-    ``/n128``: ``num_ctas=128``, ``/p1``: ``fp8_p_in_regs``, ``/t1``: ``split_tail``, ``/l1``: ``lazy_rescale``."""
+    ``/n128``: ``num_ctas=128``, ``/p1``: ``fp8_p_in_regs``, ``/l1``: ``lazy_rescale``."""
     bkv, stages, sched, *rest = text.split("/")
     sched, _, ov = sched.partition("+")
     if sched not in ("G", "P", "B") or ov not in ("", "O"):
         raise ValueError(f"not a config label (block_kv/num_stages/G|P|B[+O][/oN][/cN][/s1][/a1][/f1][/m0]"
-                         f"[/nN][/p1][/t1][/l1]): {text!r}")
+                         f"[/nN][/p1][/l1]): {text!r}")
     return config_type(block_kv=int(bkv), num_stages=int(stages), persistent=sched != "G",
                        balanced=sched == "B", overlap=ov == "O", **{"num_ctas": sms, **label_fields(rest, text)})
 
@@ -89,11 +89,10 @@ def parse_label(text: str, sms: int, config_type=TuningConfig) -> TuningConfig:
 def label_fields(suffixes, text: str = "") -> dict:
     """A label's ``/xN`` suffixes (``parse_label``) as TuningConfig fields."""
     keys = {"o": "o_tiles", "c": "consumers", "s": "spare_q", "a": "alternate_gemms", "f": "prefetch",
-            "m": "kernel_mask", "n": "num_ctas", "p": "fp8_p_in_regs", "t": "split_tail",
-            "l": "lazy_rescale"}
+            "m": "kernel_mask", "n": "num_ctas", "p": "fp8_p_in_regs", "l": "lazy_rescale"}
     if any(r[:1] not in keys or not r[1:].isdigit() for r in suffixes):
-        raise ValueError(f"not a config label's suffixes (/oN /cN /s1 /a1 /f1 /m0 /nN /p1 /t1 /l1): {text or suffixes!r}")
-    return {keys[r[0]]: bool(int(r[1:])) if r[0] in "safmptl" else int(r[1:]) for r in suffixes}
+        raise ValueError(f"not a config label's suffixes (/oN /cN /s1 /a1 /f1 /m0 /nN /p1 /l1): {text or suffixes!r}")
+    return {keys[r[0]]: bool(int(r[1:])) if r[0] in "safmpl" else int(r[1:]) for r in suffixes}
 
 
 def label(cfg: TuningConfig) -> str:
@@ -105,10 +104,9 @@ def label(cfg: TuningConfig) -> str:
     prefetch = "/f1" if cfg.prefetch else ""
     mask = "" if cfg.kernel_mask else "/m0"
     regs = "/p1" if cfg.fp8_p_in_regs else ""
-    split = "/t1" if cfg.split_tail else ""
     lazy = "/l1" if cfg.lazy_rescale else ""
     return (f"{cfg.block_kv}/{cfg.num_stages}/{sched}{'+O' if cfg.overlap else ''}{o_tiles}{consumers}{spare}"
-            f"{turns}{prefetch}{mask}{regs}{split}{lazy}")
+            f"{turns}{prefetch}{mask}{regs}{lazy}")
 
 
 def main(argv=None) -> None:

@@ -72,10 +72,6 @@ and the per-item fixed cost (Q load, pipeline ramp, O/LSE epilogue) overlaps the
   * ``prefetch=True``: each consumer issues the GMEM loads of its next item's ``k_end`` row and key
     range before it runs the current item, so that round trip is off the way between items (short
     items: hd 64 causal 512 +6 %; the overlap forms lose ~1 % to the registers it holds; NOTES v14).
-With ``split_tail=True`` (static masks) the items after the last full round are cut into pieces of KV
-blocks, dealt so as to even out the CTAs' steps (``_tail_pieces``), run after each CTA's whole items; a piece
-starts its KV loop at its first block (its ``k_end`` row shifted by as many keys) and a cut item's pieces
-store O and LSE into scratch parts, merged in XLA (``_merge_parts``).
 With ``balanced=True`` CTA c runs ``order[c], order[c + grid], ...`` instead: the items sorted by
 KV steps, longest first, dealt in snake order (``_balanced_order``: a trace-time constant for a static
 mask, else computed in XLA from the per-tile key ranges), so causal tiles of unequal work even out;
@@ -164,14 +160,6 @@ class TuningConfig:
     ``fp8_p_in_regs`` (float8 inputs, not interpretable): P stays in registers as PV's A operand instead
     of going through SMEM (``_fp8_a_operand``: no shuffle, each row's two 8-key register tiles packed into
     one 16-key 8-bit fragment), with V^T's keys permuted to match in the XLA transpose (``_fp8_keys_permuted``).
-    ``split_tail`` (persistent; static masks only, a ``k_end`` array runs the config without it): the
-    items past the last full round of the grid are cut at KV-block boundaries into pieces dealt so that
-    the CTAs' KV steps even out (stream-K over the tail, ``_tail_pieces``); the
-    pieces of a cut item store O and LSE into scratch outputs, merged by their LSE into O in XLA after
-    the kernel. Equal items otherwise leave the last round part idle (2048 non-causal items on 132
-    CTAs: 16 rounds for 15.5 rounds of work). Exact, but on an H100 slower than each row's pick but
-    hd 64 4k (level to +2.5 %): the partial round cost less than counted and the merge 6-15 us (NOTES v25), so
-    no ``TUNED`` row uses it.
     ``lazy_rescale`` (FA4's conditional rescaling): a row keeps its running max ``m`` until a block's
     scores exceed it by more than ``_LAZY_RESCALE`` (8 in the scaled log2 domain), so P <= 2^8 and most
     blocks leave every row's factor alpha exactly 1; a warp whose 16 rows all have alpha == 1 skips
@@ -192,7 +180,6 @@ class TuningConfig:
     prefetch: bool = False   # persistent only: the next item's k_end loads one item ahead (class doc)
     kernel_mask: bool = True  # static masks (``causal=``) in the kernel; False: as k_end arrays (class doc)
     fp8_p_in_regs: bool = False  # float8: P as PV's register A operand, V^T's keys permuted (class doc)
-    split_tail: bool = False  # persistent, static masks (arrays: ignored): the last round cut by key blocks (class doc)
     lazy_rescale: bool = False  # a row's running max moves only when it grows by more than 2^8 (class doc)
 
     def __post_init__(self):
@@ -237,10 +224,6 @@ class TuningConfig:
             raise ValueError(f"fp8_p_in_regs must be True or False and needs interpretable=False (the interpreter "
                              f"runs no register A operand), got fp8_p_in_regs={self.fp8_p_in_regs!r}, "
                              f"interpretable={self.interpretable!r}")
-        if not isinstance(self.split_tail, bool) or (self.split_tail and not self.persistent):
-            raise ValueError(f"split_tail must be True or False and needs persistent=True (it cuts the "
-                             f"persistent grid's last round), got split_tail={self.split_tail!r}, "
-                             f"persistent={self.persistent!r}")
         if not isinstance(self.lazy_rescale, bool):
             raise ValueError(f"lazy_rescale must be True or False (skip O's rescale while no row's max grows "
                              f"by more than 2^{_LAZY_RESCALE:g}), got {self.lazy_rescale!r}")
@@ -401,7 +384,6 @@ def default_config(head_dim: int, kv_len: int | None = None, causal: bool = Fals
     extra = dict(overlap="overlap" in flags, consumers=3 if "c3" in flags else 2, spare_q="spare" in flags,
                  num_stages=next((int(f[0]) for f in flags if f.endswith("stage")), 2), alternate_gemms="turns" in flags,
                  prefetch="prefetch" in flags, kernel_mask="kend" not in flags,
-                 split_tail="split" in flags and not mask_array,  # the split needs a static mask
                  lazy_rescale="lazy" in flags)
     if schedule == "grid":
         return TuningConfig(block_kv=block_kv, **extra)
@@ -479,19 +461,9 @@ def _kv_range(kmin, kmax, block_kv: int, n_kv_blocks: int):
     return n_steps, jnp.minimum(lax.div(kmin, block_kv), n_steps)
 
 
-def _piece_range(n_steps, n_open, piece):
-    """``(n_steps, n_open)`` of an item's ``_kv_range`` within ``piece`` (``(k_lo, k_hi, part)``, or None:
-    the whole item), counted from its first block ``k_lo``."""
-    if piece is None:
-        return n_steps, n_open
-    k_lo, k_hi, _ = piece
-    n = jnp.minimum(n_steps, k_hi) - k_lo
-    return n, jnp.clip(n_open - k_lo, 0, n)
-
-
 def _item_steps(kmax_BN, block_kv: int, n_kv_blocks: int, n_heads: int):
     """Each item's KV steps, items in ``_item_tile``'s base order, from the tiles' largest ``k_end``
-    [B, tiles] (``_balanced_order``, ``split_tail``'s plan, ``benchmarks/fa3_waves.py``)."""
+    [B, tiles] (``_balanced_order``, ``benchmarks/fa3_waves.py``)."""
     B, n_tiles = kmax_BN.shape
     qi, bi, _ = _item_tile(jnp.arange(B * n_heads * n_tiles, dtype=jnp.int32), n_tiles, n_heads)
     return _kv_steps(kmax_BN[bi, qi], block_kv, n_kv_blocks)
@@ -829,10 +801,9 @@ def _attend(q_smem, p_smem, kend_row, carry, n_open, n_steps, ring, schedule, *,
     return acc, m_i, l_i
 
 
-def _store_tile(acc, m_i, l_i, kend_row, o_smem, lse_smem, o_gmem, lse_gmem, piece=None):
+def _store_tile(acc, m_i, l_i, kend_row, o_smem, lse_smem, o_gmem, lse_gmem):
     """Normalizes the tile into SMEM and starts its O and LSE TMA stores; rows that saw no key
-    get 0 and ``lse = -inf``. ``piece`` (``split_tail``): ``(part, (o, lse) of a part)``, a part >= 0
-    stores into that scratch tile instead."""
+    get 0 and ``lse = -inf``."""
     seen = kend_row > 0
     inv_l = jnp.where(seen, 1.0 / jnp.where(seen, l_i, 1.0), 0.0)
     inv_l = lax.broadcast_in_dim(inv_l, acc.shape, [0])
@@ -841,16 +812,8 @@ def _store_tile(acc, m_i, l_i, kend_row, o_smem, lse_smem, o_gmem, lse_gmem, pie
     o_smem[...] = jnp.where(inv_l > 0, acc * inv_l, 0.0).astype(o_smem.dtype)
     lse_smem[...] = jnp.where(seen, m_i * _LN2 + jnp.log(jnp.where(seen, l_i, 1.0)), -jnp.inf)
     plgpu.commit_smem()
-
-    def store(o_dst, lse_dst):
-        plgpu.copy_smem_to_gmem(o_smem, o_dst)
-        plgpu.copy_smem_to_gmem(lse_smem, lse_dst)
-
-    if piece is None:
-        return store(o_gmem, lse_gmem)
-    part, part_dst = piece
-    pl.when(part < 0)(lambda: store(o_gmem, lse_gmem))
-    pl.when(part >= 0)(lambda: store(*part_dst(jnp.maximum(part, 0))))
+    plgpu.copy_smem_to_gmem(o_smem, o_gmem)
+    plgpu.copy_smem_to_gmem(lse_smem, lse_gmem)
 
 
 def _load_kend_row(kend_ref, bi, q_base, bq: int):
@@ -955,55 +918,34 @@ def _kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, o_ref, lse_ref, scoped, *,
 # ---------------------------------------------------------------- persistent: CTAs loop over items
 def _persistent_kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, *refs, cfg: TuningConfig,
                        n_rep: int, scale_log2: float, n_kv_blocks: int, n_tiles: int, n_batch: int,
-                       n_heads: int, n_ctas: int, o_tiles: int, tail: tuple[int, int] | None = None):
-    """``refs``: ``[order_ref,] [tail_ref,] o_ref, lse_ref, [o_part_ref, lse_part_ref,] scoped``
-    (``order_ref`` with ``cfg.balanced``, the rest with ``tail``); ``o_tiles``: O staging tiles
-    (``TuningConfig.o_tile_count``); ``tail`` (``split_tail``): ``(full rounds, most pieces per CTA)``
-    of ``_tail_pieces``, whose table ``tail_ref`` gives each CTA its pieces after its whole items."""
+                       n_heads: int, n_ctas: int, o_tiles: int):
+    """``refs``: ``[order_ref,] o_ref, lse_ref, scoped`` (``order_ref`` with ``cfg.balanced``);
+    ``o_tiles``: O staging tiles (``TuningConfig.o_tile_count``)."""
     bq, bkv, stages = cfg.block_q, cfg.block_kv, cfg.num_stages
-    refs = list(refs)
-    order_ref = refs.pop(0) if cfg.balanced else None
-    tail_ref = refs.pop(0) if tail else None
-    o_ref, lse_ref, *part_refs, scoped = refs
+    *order_refs, o_ref, lse_ref, scoped = refs
+    order_ref = order_refs[0] if cfg.balanced else None
     (q_smem2, k_smem, v_smem, lse_smem2, p_smem2, o_smem2), (k_ready, v_ready, q_ready), \
         (k_free, v_free), q_free, schedule = scoped
     ring = (k_smem, v_smem, k_ready, v_ready, k_free, v_free)
     cta, wg = lax.axis_index("cta"), lax.axis_index("wg")
-    if tail is None:
-        n_items = lax.div(n_tiles * n_batch * n_heads - 1 - cta, n_ctas) + 1  # items cta, cta + n_ctas, ...
-    else:  # whole items cta, cta + n_ctas, ... for n_full rounds, then the CTA's pieces (read once here)
-        n_full, max_pieces = tail
-        row = cta * (1 + 4 * max_pieces)
-        n_items = n_full + tail_ref[row]
-        pieces = [[tail_ref[row + 1 + 4 * i + f] for f in range(4)] for i in range(max_pieces)]
+    n_items = lax.div(n_tiles * n_batch * n_heads - 1 - cta, n_ctas) + 1  # items cta, cta + n_ctas, ...
 
     def item_ids(j):
-        """``(qi, bi, hi, piece)`` of this CTA's j-th item (``item``); ``piece`` (``split_tail``, else None):
-        ``(k_lo, k_hi, part)``, its KV blocks ``[k_lo, k_hi)`` and scratch part (-1: O itself), for a
-        whole item ``(0, n_kv_blocks, -1)``."""
-        if tail is None:
-            w = cta + j * n_ctas
-            return (*_item_tile(order_ref[w] if order_ref is not None else w, n_tiles, n_heads), None)
-        w = cta + jnp.minimum(j, n_full - 1) * n_ctas
-        w = order_ref[w] if order_ref is not None else w
-        i = j - n_full  # a piece's index (< 0: a whole item, which no select below matches)
-        pick = lambda f, whole: functools.reduce(lambda acc, p: jnp.where(i == p, pieces[p][f], acc),
-                                                 range(max_pieces), whole)
-        piece = (pick(1, jnp.int32(0)), pick(2, jnp.int32(n_kv_blocks)), pick(3, jnp.int32(-1)))
-        return (*_item_tile(pick(0, w), n_tiles, n_heads), piece)
+        """``(qi, bi, hi)`` of this CTA's j-th item (``item``)."""
+        w = cta + j * n_ctas
+        return _item_tile(order_ref[w] if order_ref is not None else w, n_tiles, n_heads)
 
     def item(j):
-        """``(qi, bi, hi, n_open, n_steps, k_lo)`` of this CTA's j-th item (or piece: its steps, from KV
-        block ``k_lo``). Item order: batch slowest, then
+        """``(qi, bi, hi, n_open, n_steps)`` of this CTA's j-th item. Item order: batch slowest, then
         head, then q tile fastest, so the CTAs running at one time share a few heads' K/V in L2 (the
         first version put the q tile slowest: ~132 heads' K/V then streamed from HBM at once and
         short-S rows were bandwidth-bound, pallas_kernels/NOTES.md). The q tiles of a head run
         longest-first and of the next head shortest-first (a zigzag), so in causal attention a CTA,
         which takes every ``n_ctas``-th item, gets long and short tiles alike. ``balanced``: the
         CTA's j-th item is ``order[cta + j * n_ctas]`` instead (``_balanced_order``)."""
-        qi, bi, hi, piece = item_ids(j)
-        n_steps, n_open = _piece_range(*_kv_range(*keys.tile(bi, qi), bkv, n_kv_blocks), piece)
-        return qi, bi, hi, n_open, n_steps, 0 if piece is None else piece[0]
+        qi, bi, hi = item_ids(j)
+        n_steps, n_open = _kv_range(*keys.tile(bi, qi), bkv, n_kv_blocks)
+        return qi, bi, hi, n_open, n_steps
 
     n_wg, (regs, producer_regs) = cfg.consumers, _REGISTERS[cfg.consumers]
 
@@ -1025,23 +967,17 @@ def _persistent_kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, *refs, cfg: TuningCo
             """Item j's ids and this consumer's loads from GMEM: the tile's k_end min / max and
             its ``k_end`` row (only loads: the arithmetic on them runs where they are used; a static
             mask computes them instead)."""
-            qi, bi, hi, piece = item_ids(j)
+            qi, bi, hi = item_ids(j)
             q_base = (n_wg * qi + wg) * bq
-            return (qi, bi, hi, *keys.tile(bi, qi), keys.row(bi, q_base, bq), piece)
+            return (qi, bi, hi, *keys.tile(bi, qi), keys.row(bi, q_base, bq))
 
         def run_item(j, carry):
             step0, ahead = carry
             if cfg.prefetch:  # item j's loads were issued one item back; issue item j + 1's
-                (qi, bi, hi, kmin, kmax, kend_row, piece), ahead = ahead, fetch(jnp.minimum(j + 1, n_items - 1))
+                (qi, bi, hi, kmin, kmax, kend_row), ahead = ahead, fetch(jnp.minimum(j + 1, n_items - 1))
             else:             # their latency is on the way from one item to the next
-                qi, bi, hi, kmin, kmax, kend_row, piece = fetch(j)
-            n_steps, n_open = _piece_range(*_kv_range(kmin, kmax, bkv, n_kv_blocks), piece)
-            store_piece = None
-            if piece is not None:  # the piece's keys from 0: the kernel's steps count from its k_lo
-                kend_row = kend_row - piece[0] * bkv
-                o_part, lse_part = part_refs
-                rows_w = pl.ds(wg * bq, bq)    # this consumer's rows of a scratch part
-                store_piece = (piece[2], lambda p: (o_part.at[p, rows_w], lse_part.at[p, rows_w]))
+                qi, bi, hi, kmin, kmax, kend_row = fetch(j)
+            n_steps, n_open = _kv_range(kmin, kmax, bkv, n_kv_blocks)
             slot, ready = q_tile(j, wg)
             q_smem = q_smem2.at[slot]
             o_smem = o_smem2.at[wg] if o_tiles else q_smem
@@ -1057,7 +993,7 @@ def _persistent_kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, *refs, cfg: TuningCo
                 pl.when(n_steps == 0)(release_q)   # no QK^T ran: q_smem was not read
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last item's stores left o/lse_smem
             _store_tile(acc, m_i, l_i, kend_row, o_smem, lse_smem,
-                        o_ref.at[bi, pl.ds(q_base, bq), hi], lse_ref.at[bi, hi, pl.ds(q_base, bq)], store_piece)
+                        o_ref.at[bi, pl.ds(q_base, bq), hi], lse_ref.at[bi, hi, pl.ds(q_base, bq)])
             if not o_tiles:
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # O (in q_smem) read out
                 release_q()
@@ -1095,9 +1031,9 @@ def _persistent_kernel(q_ref, k_ref, v_ref, keys: _KeyEnds, *refs, cfg: TuningCo
                                     q_smem2.at[slot], q_ready.at[ready])
 
         def run_item(j, step0):
-            qi, bi, hi, _, n_steps, k_lo = item(j)
+            qi, bi, hi, _, n_steps = item(j)
             gi = lax.div(hi, n_rep)
-            kv_steps = lambda lo, up: pl.loop(lo, up)(lambda ki: load_kv(step0 + ki, k_lo + ki, bi, gi))
+            kv_steps = lambda lo, up: pl.loop(lo, up)(lambda ki: load_kv(step0 + ki, ki, bi, gi))
             n_lead = jnp.minimum(n_steps, lead)
             if lead:
                 kv_steps(0, n_lead)
@@ -1146,98 +1082,6 @@ def _balanced_order(kmax_BN, cfg: TuningConfig, n_kv_blocks: int, n_heads: int, 
     return by_work[jnp.where(snake, rnd * n_ctas + n_ctas - 1 - c, w)].astype(jnp.int32)
 
 
-@dataclasses.dataclass(frozen=True)
-class _TailPlan:
-    """``_tail_pieces``' plan: ``table`` (int32, per CTA: its piece count, then ``(w, k_lo, k_hi, part)``
-    per piece, ``max_pieces`` slots), ``n_full`` whole rounds before them, ``n_parts`` scratch parts, and
-    per cut item its ``(b, q tile, head)`` (``cut_BQH`` [n, 3]) and parts (``parts`` [n, most], -1 padded)."""
-    table: np.ndarray
-    n_full: int
-    max_pieces: int
-    n_parts: int
-    cut_BQH: np.ndarray
-    parts: np.ndarray
-
-
-def _tail_pieces(steps_W, order, n_ctas: int, n_tiles: int, n_heads: int) -> _TailPlan | None:
-    """``split_tail``'s plan for items of ``steps_W`` KV steps (base order, ``_item_tile``) on ``n_ctas``
-    CTAs that take items ``order[c], order[c + n_ctas], ...`` (``order`` None: the base order): the
-    ``n_full = items // n_ctas`` full rounds stay whole; the items after them (the partial round), laid
-    end to end, are cut into ``n_ctas`` consecutive runs, CTA c taking run c (stream-K), run c as long as
-    fills CTA c's whole items up to a common level (water filling; equal whole items: equal runs, the
-    floor or ceiling of their mean). Whole, those items would give some CTAs one more item and others none.
-    A piece covering its whole item stores O itself (part -1); the pieces of a cut item get scratch
-    parts. Items without a KV step go whole to CTA ``i % n_ctas``. None if no item is cut."""
-    n = steps_W.shape[0]
-    n_full = n // n_ctas
-    pos = np.arange(n) if order is None else np.asarray(order)
-    tail = pos[n_full * n_ctas:]
-    if tail.size == 0:
-        return None
-    whole = steps_W[pos[:n_full * n_ctas]].reshape(n_full, n_ctas).sum(0).astype(np.float64)
-    cum = np.concatenate([[0], np.cumsum(steps_W[tail])]).astype(np.int64)
-    below, level = whole.min(), whole.max() + cum[-1]
-    for _ in range(100):   # bisect the level: sum of max(level - whole, 0) over the CTAs = the tail's steps
-        mid = (below + level) / 2
-        below, level = (mid, level) if np.maximum(mid - whole, 0).sum() < cum[-1] else (below, mid)
-    share = np.cumsum(np.maximum(level - whole, 0))
-    bounds = np.minimum(np.concatenate([[0], np.floor(share + 0.5)]).astype(np.int64), cum[-1])
-    bounds[-1] = cum[-1]
-    per_cta = [[] for _ in range(n_ctas)]            # [tail index, k_lo, k_hi]
-    for i in np.flatnonzero(steps_W[tail] == 0):
-        per_cta[i % n_ctas].append([i, 0, 0])
-    for c in range(n_ctas):
-        a, i = bounds[c], int(np.searchsorted(cum, bounds[c], side="right")) - 1
-        while a < bounds[c + 1]:
-            end = min(bounds[c + 1], cum[i + 1])
-            if end > a:
-                per_cta[c].append([i, a - cum[i], end - cum[i]])
-            a, i = max(a, end), i + 1
-    pieces_of = {}
-    for c, ps in enumerate(per_cta):
-        for p in ps:
-            pieces_of.setdefault(p[0], []).append(p)
-    cut = sorted(i for i, ps in pieces_of.items() if len(ps) > 1)
-    if not cut:
-        return None
-    part = {id(p): k for k, p in enumerate(p for i in cut for p in pieces_of[i])}
-    max_pieces = max(map(len, per_cta))
-    table = np.zeros((n_ctas, 1 + 4 * max_pieces), np.int32)
-    for c, ps in enumerate(per_cta):
-        table[c, 0] = len(ps)
-        for k, p in enumerate(ps):
-            table[c, 1 + 4 * k: 5 + 4 * k] = (tail[p[0]], p[1], p[2], part.get(id(p), -1))
-    most = max(len(pieces_of[i]) for i in cut)
-    parts = np.full((len(cut), most), -1, np.int32)
-    for r, i in enumerate(cut):
-        parts[r, :len(pieces_of[i])] = [part[id(p)] for p in pieces_of[i]]
-    with jax.ensure_compile_time_eval():   # a trace-time plan: numbers, also when called under jit
-        qi, bi, hi = (np.asarray(x) for x in _item_tile(tail[np.asarray(cut, np.int64)], n_tiles, n_heads))
-    return _TailPlan(table.reshape(-1), n_full, max_pieces, len(part),
-                     np.stack([bi, qi, hi], axis=1).astype(np.int32), parts)
-
-
-def _merge_parts(o_BTHd, lse_BHT, o_part, lse_part, plan: _TailPlan, rows: int):
-    """O and LSE of ``split_tail``'s cut items from their pieces' scratch parts: ``lse = log sum exp(lse_p)``,
-    ``o = sum exp(lse_p - lse) o_p`` in float32, scattered into the kernel's outputs (in place: XLA's
-    optimized HLO on an H100 has no copy of O). The sum over pieces is a reduction XLA fuses with the
-    gather (an einsum there ran 3-11 us slower on an H100; NOTES v25). Rows that saw no key in any
-    piece: 0 and -inf."""
-    valid = plan.parts >= 0
-    idx = np.maximum(plan.parts, 0)
-    lse_p = jnp.where(valid[..., None], lse_part[idx], -jnp.inf)              # [n, pieces, rows]
-    top = jnp.max(lse_p, axis=1, keepdims=True)
-    wts = jnp.where(jnp.isfinite(lse_p), jnp.exp(lse_p - jnp.where(jnp.isfinite(top), top, 0.0)), 0.0)
-    tot = wts.sum(axis=1)
-    lse = jnp.where(tot > 0, top[:, 0] + jnp.log(jnp.where(tot > 0, tot, 1.0)), -jnp.inf)
-    o = (wts[..., None] * o_part[idx].astype(jnp.float32)).sum(axis=1) / jnp.where(tot > 0, tot, 1.0)[..., None]
-    b, h = plan.cut_BQH[:, :1], plan.cut_BQH[:, 2:]
-    t = plan.cut_BQH[:, 1:2] * rows + np.arange(rows)[None]
-    o_BTHd = o_BTHd.at[b, t, h].set(o.astype(o_BTHd.dtype), mode="drop", unique_indices=True)
-    lse_BHT = lse_BHT.at[b, h, t].set(lse, mode="drop", unique_indices=True)
-    return o_BTHd, lse_BHT
-
-
 def v_swizzle(block_kv: int, itemsize: int = 2) -> int:
     """V's SMEM swizzle in bytes: the largest of 128, 64 and 32 whose width in elements divides
     block_kv. Mosaic GPU issues PV's wgmma in K groups as wide as the swizzle (K = block_kv keys), so
@@ -1254,13 +1098,11 @@ def _smem_tiled(shape, dtype, swizzle: int | None = None):
 
 
 def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: TuningConfig,
-                   scale: float, mask: str | None = None, real_T: int = 0, real_S: int = 0,
-                   tail: _TailPlan | None = None):
-    """Returns ``fwd(q, k, v, *key_ends[, order][, table]) -> (o_BTHd, lse_BHTp[, o_part, lse_part])``:
+                   scale: float, mask: str | None = None, real_T: int = 0, real_S: int = 0):
+    """Returns ``fwd(q, k, v, *key_ends[, order]) -> (o_BTHd, lse_BHTp)``:
     ``key_ends`` is ``(kend_BTp, kmin_BN, kmax_BN)``, or with a static ``mask`` (``STATIC_MASKS``;
     ``real_T`` / ``real_S``: the caller's lengths, T / S here may be padded) one int32 zero [1]
-    (``_KeyEnds``); ``order`` from ``_balanced_order`` with ``cfg.balanced``; with ``tail`` (``split_tail``)
-    its ``table`` and the scratch parts [n_parts, rows, d] / [n_parts, rows] out."""
+    (``_KeyEnds``); ``order`` from ``_balanced_order`` with ``cfg.balanced``."""
     n_tiles, n_wg = pl.cdiv(T, cfg.rows), cfg.consumers
     stages = cfg.num_stages
     common = dict(cfg=cfg, n_rep=H // G, scale_log2=scale * _LOG2E,
@@ -1271,7 +1113,7 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
     n_ctas = min(cfg.num_ctas, n_tiles * B * H)
     if cfg.persistent:
         kernel = functools.partial(_persistent_kernel, **common, n_batch=B, n_heads=H, n_ctas=n_ctas,
-                                   o_tiles=o_tiles, tail=None if tail is None else (tail.n_full, tail.max_pieces))
+                                   o_tiles=o_tiles)
         grid, grid_names = (n_ctas,), ("cta",)
     else:
         kernel = functools.partial(_kernel, **common)
@@ -1307,12 +1149,10 @@ def _build_forward(B: int, T: int, H: int, S: int, G: int, d: int, dtype, cfg: T
         pl.run_scoped(lambda *s: body(*refs, s if schedule else (*s, None)), scratch, barriers, free,
                       *q_free, *schedule, collective_axes="wg")
 
-    parts = (jax.ShapeDtypeStruct((tail.n_parts, cfg.rows, d), o_dtype),
-             jax.ShapeDtypeStruct((tail.n_parts, cfg.rows), jnp.float32)) if tail is not None else ()
     return plgpu.kernel(
         entry,
         out_type=(jax.ShapeDtypeStruct((B, T, H, d), o_dtype),
-                  jax.ShapeDtypeStruct((B, H, n_tiles * cfg.rows), jnp.float32), *parts),
+                  jax.ShapeDtypeStruct((B, H, n_tiles * cfg.rows), jnp.float32)),
         grid=grid, grid_names=grid_names,
         num_threads=n_wg + 1, thread_name="wg", kernel_name="fa3_fwd",
         # No cross-warp reductions here (row max / sum stay within a warp's quads): the 2 KiB of SMEM
@@ -1412,9 +1252,6 @@ def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT=None, *, causal: str | N
     v_in = jnp.transpose(pad_kv(v_BSGd), (0, 2, 3, 1)) if itemsize == 1 else pad_kv(v_BSGd)  # V^T [B, G, d, S]
     if cfg.fp8_p_in_regs:  # the keys in _fp8_a_operand's order (the same XLA copy; S is whole KV blocks)
         v_in = _fp8_keys_permuted(v_in)
-    if cfg.split_tail and causal is None:  # items are cut at trace time: with an array it runs whole
-        cfg = dataclasses.replace(cfg, split_tail=False)
-    static = causal  # the static mask, also where kernel_mask=False passes it on as arrays
     if causal is not None and not cfg.kernel_mask:
         kend_BT, causal = key_end(B, T, S, causal=causal), None
 
@@ -1430,20 +1267,8 @@ def flash_attention_fwd(q_BTHd, k_BSGd, v_BSGd, kend_BT=None, *, causal: str | N
         with jax.ensure_compile_time_eval():
             order = tuple(map(np.asarray, arrays(key_end(B, T, S, causal=causal))[1]))
         key_ends = (np.zeros((1,), np.int32),)
-    plan, table = None, ()
-    if cfg.split_tail:  # the items' KV steps from the static mask, at trace time
-        n_kv_blocks, n_ctas = pl.cdiv(Sk, cfg.block_kv), min(cfg.num_ctas, n_tiles * B * H)
-        with jax.ensure_compile_time_eval():
-            kmax = padded_key_ends(key_end(B, T, S, causal=static), T, S, rows)[2]
-            steps = np.asarray(_item_steps(kmax, cfg.block_kv, n_kv_blocks, H))
-            if cfg.balanced and causal is None:  # "+kend": the order was sorted by XLA; the plan needs it here
-                order = (np.asarray(_balanced_order(kmax, cfg, n_kv_blocks, H, n_ctas)),)
-        plan = _tail_pieces(steps, order[0] if order else None, n_ctas, n_tiles, H)
-        table = () if plan is None else (plan.table,)
-    fwd = _build_forward(B, Tq, H, Sk, G, d, q.dtype, cfg, scale, causal, T, S, plan)
-    o, lse, *parts = fwd(q, pad_kv(k_BSGd), v_in, *key_ends, *order, *table)
-    if plan is not None:
-        o, lse = _merge_parts(o, lse, *parts, plan, rows)
+    fwd = _build_forward(B, Tq, H, Sk, G, d, q.dtype, cfg, scale, causal, T, S)
+    o, lse = fwd(q, pad_kv(k_BSGd), v_in, *key_ends, *order)
     return o[:, :T], lse[:, :, :T]
 
 
@@ -1488,8 +1313,6 @@ def main(argv=None) -> None:
                     help="wgmma order QK QK PV PV (TuningConfig.alternate_gemms; no --overlap)")
     ap.add_argument("--prefetch", action="store_true",
                     help="persistent only: the next item's k_end loads one item ahead (TuningConfig.prefetch)")
-    ap.add_argument("--split-tail", action="store_true",
-                    help="persistent only: the last partial round cut by KV blocks (TuningConfig.split_tail)")
     ap.add_argument("--no-check", action="store_true",
                     help="skip the float32 reference (XLA's GPU ops; e.g. under compute-sanitizer)")
     ap.add_argument("--fp8", action="store_true",
@@ -1516,8 +1339,6 @@ def main(argv=None) -> None:
         cfg = dataclasses.replace(cfg, spare_q=True)
     if a.prefetch:
         cfg = dataclasses.replace(cfg, prefetch=True)
-    if a.split_tail:
-        cfg = dataclasses.replace(cfg, split_tail=True)
     if a.stages or a.alternate_gemms:
         cfg = dataclasses.replace(cfg, num_stages=a.stages or cfg.num_stages, alternate_gemms=a.alternate_gemms)
     fwd = functools.partial(flash_attention_fwd, causal=mask, config=cfg)  # the static mask, as bench_fa3
@@ -1530,7 +1351,7 @@ def main(argv=None) -> None:
     print(f"B={B} S={S} H={H} d={d} {jnp.dtype(dtype).name} causal={a.causal} persistent={cfg.persistent} "
           f"overlap={cfg.overlap} spare_q={cfg.spare_q} block_kv={cfg.block_kv} stages={cfg.num_stages} "
           f"alternate_gemms={cfg.alternate_gemms} prefetch={cfg.prefetch} kernel_mask={cfg.kernel_mask} "
-          f"fp8_p_in_regs={cfg.fp8_p_in_regs} split_tail={cfg.split_tail}: {check}")
+          f"fp8_p_in_regs={cfg.fp8_p_in_regs}: {check}")
     if not a.small:
         from jax.experimental.mosaic.gpu import profiler
         _, ms = profiler.measure(lambda *x: fwd(*x), iterations=20)(q, k, v)

@@ -887,126 +887,6 @@ def _same_o(got, want):
     np.testing.assert_array_equal(np.asarray(got[0], np.float32), np.asarray(want[0], np.float32))
 
 
-@pytest.mark.parametrize("n,steps,n_ctas,order", [
-    (2048, 86, 132, None),      # hd 128 16k, 192-key blocks: 68 items past 15 rounds
-    (2048, 8, 132, None),       # hd 128 1k
-    (1024, 16, 132, None),      # hd 256 2k
-    (4096, 2, 132, None),       # hd 64 512: 4 items of 2 steps over 132 CTAs
-    (15, [2, 1, 0] * 5, 4, None),  # causal tiles, one without a KV step in the last round
-    (30, list(range(1, 31)), 7, np.roll(np.arange(30), 3))])  # another order (balanced), unequal CTAs
-def test_tail_pieces_cut_the_last_round_evenly(n, steps, n_ctas, order):
-    """``_tail_pieces`` (``split_tail``): the whole rounds stay as they are; every KV block of the items
-    after them is in exactly one piece; the busiest CTA has no more steps than without the split and, where
-    the whole items are equal, each CTA gets the floor or ceiling of the tail's mean steps (unequal: the
-    least loaded CTAs get more); a piece is part -1 iff it is its whole item, and each cut item's parts
-    are listed for the merge."""
-    from pallas_kernels.flash_attention import _tail_pieces
-    steps = np.broadcast_to(np.asarray(steps), (n,))
-    plan = _tail_pieces(steps, order, n_ctas, 3, 5)
-    assert plan.n_full == n // n_ctas
-    table = plan.table.reshape(n_ctas, 1 + 4 * plan.max_pieces)
-    tail = (np.arange(n) if order is None else order)[plan.n_full * n_ctas:]
-    blocks, parts, per_cta = {}, {}, []
-    for row in table:
-        pieces = row[1:1 + 4 * row[0]].reshape(-1, 4)
-        per_cta.append(int((pieces[:, 2] - pieces[:, 1]).sum()))
-        for w, lo, hi, part in pieces:
-            assert w in tail and 0 <= lo <= hi <= steps[w]
-            blocks.setdefault(w, []).extend(range(lo, hi))
-            assert (part == -1) == (lo == 0 and hi == steps[w]), (w, lo, hi, part)
-            if part >= 0:
-                parts.setdefault(w, []).append(part)
-    assert sorted(blocks) == sorted(tail)                       # zero-step items included
-    assert all(sorted(b) == list(range(steps[w])) for w, b in blocks.items())
-    total, pos = steps[tail].sum(), np.arange(n) if order is None else order
-    whole = steps[pos[:plan.n_full * n_ctas]].reshape(plan.n_full, n_ctas).sum(0)
-    assert max(whole + per_cta) <= max(steps[pos[c::n_ctas]].sum() for c in range(n_ctas))
-    if (whole == whole[0]).all():
-        assert max(per_cta) <= -(-total // n_ctas) and min(per_cta) >= total // n_ctas
-    else:
-        assert max(whole + per_cta) - min(whole + per_cta) <= max(whole) - min(whole)
-    assert sorted(p for ps in parts.values() for p in ps) == list(range(plan.n_parts))
-    for (b, qi, h), row in zip(plan.cut_BQH, plan.parts):
-        w = next(w for w in parts if sorted(parts[w]) == sorted(row[row >= 0]))
-        r, bh = w % 3, w // 3
-        assert (b, h, qi) == (bh // 5, bh % 5, 3 - 1 - r if bh % 2 == 0 else r)  # ``_item_tile``, 3 tiles, 5 heads
-    assert _tail_pieces(np.full(264, 8), None, 132, 3, 5) is None     # the last round full: nothing to cut
-
-
-SPLIT_INTERP = dataclasses.replace(INTERP, persistent=True, split_tail=True)
-# the split forms benchmarks/fa3_split_probe_gpu.sh times (labels of benchmarks/tune_fa3.py)
-SPLIT = [(64, "256/2/P/f1/m0/t1"), (64, "256/2/B/f1/t1"), (64, "128/2/P/c3/f1/m0/t1"), (128, "128/2/P+O/t1"),
-         (128, "192/2/P/t1"), (256, "128/1/B/a1/t1"), (256, "128/1/P/a1/t1")]
-
-
-@pytest.mark.parametrize("extra,mask,shape", [
-    (dict(num_ctas=2), "none", (1, 300, 3, 300, 1, 64)),            # 9 items: the 9th cut over both CTAs
-    (dict(num_ctas=5, prefetch=True), "top_left", (2, 300, 2, 300, 1, 64)),
-    (dict(num_ctas=4), "bottom_right", (1, 300, 5, 100, 1, 64)),    # T > S: an item without a key in the tail
-    (dict(num_ctas=3, balanced=True), "top_left", (2, 400, 2, 400, 1, 64)),  # the shortest item cut
-    (dict(num_ctas=4, kernel_mask=False, prefetch=True), "none", (1, 300, 3, 300, 1, 64)),  # "+kend"
-    (dict(num_ctas=3, o_tiles=0, num_stages=1, alternate_gemms=True), "none", (2, 130, 2, 190, 2, 64)),
-    (dict(num_ctas=4, consumers=3, overlap=True), "top_left", (1, 400, 2, 400, 1, 64))])
-def test_interpreter_split_tail_matches_reference(extra, mask, shape):
-    """``split_tail``: a static mask's last-round items cut into pieces on several CTAs and merged by
-    their LSE after the kernel (a scatter, so some item was cut), across the persistent forms."""
-    B, T, H, S, G, d = shape
-    q, k, v = _inputs(13, *shape, jnp.bfloat16)
-    cfg = dataclasses.replace(SPLIT_INTERP, **extra)
-    with plgpu.force_gpu_interpret_mode():
-        fwd = functools.partial(flash_attention_fwd, causal=mask, config=cfg)
-        assert "scatter" in str(jax.make_jaxpr(fwd)(q, k, v))
-        got = jax.block_until_ready(fwd(q, k, v))
-    _check_close(q, k, v, key_end(B, T, S, causal=mask), *got, tol=1e-2)
-
-
-def test_interpreter_split_tail_finds_no_races():
-    """A cut item's two pieces on two CTAs, each CTA's whole items before them: no race in SMEM."""
-    B, T, H, S, G, d = shape = (1, 130, 3, 190, 1, 64)   # 6 items, 4 CTAs: 2 items of 3 steps cut
-    q, k, v = _inputs(14, *shape, jnp.float16)
-    cfg = dataclasses.replace(SPLIT_INTERP, num_ctas=4)
-    fwd = functools.partial(flash_attention_fwd, causal="bottom_right", config=cfg)
-    with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams(detect_races=True)):
-        assert "scatter" in str(jax.make_jaxpr(fwd)(q, k, v))
-        got = jax.block_until_ready(fwd(q, k, v))
-        assert not get_races().races_found
-    _check_close(q, k, v, key_end(B, T, S, causal="bottom_right"), *got, tol=2e-3)
-
-
-def test_split_tail_is_a_static_mask_option():
-    """``split_tail`` needs the persistent grid; ``default_config`` takes it from a ``"+split"`` pick for
-    static masks only; a ``k_end`` array runs the config whole (no scatter after the kernel), a static
-    mask with a cut last round merges its parts."""
-    with pytest.raises(ValueError, match="split_tail .* needs persistent=True"):
-        TuningConfig(split_tail=True)
-    from pallas_kernels import flash_attention as fa
-    rows = {**fa.TUNED, (128, False): ((None, 128, "persistent+overlap+split"),)}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(fa, "TUNED", rows)
-        assert default_config(128, 4096).split_tail and not default_config(128, 4096, mask_array=True).split_tail
-    cfg = TuningConfig(block_kv=128, persistent=True, split_tail=True)
-    x = jax.ShapeDtypeStruct((4, 4096, 16, 128), jnp.bfloat16)     # 2048 items on 132 CTAs
-    static = lambda q, k, v: flash_attention_fwd(q, k, v, causal="none", config=cfg)
-    assert {"scatter", "custom_call"} <= _hlo_ops(static, x)
-    kend = key_end(4, 4096, 4096, causal="none")
-    assert "scatter" not in _hlo_ops(lambda q, k, v: flash_attention_fwd(q, k, v, kend, config=cfg), x)
-    x = jax.ShapeDtypeStruct((4, 4224, 16, 128), jnp.bfloat16)     # 33 tiles x 64 = 2112 items: 16 whole rounds
-    assert "scatter" not in _hlo_ops(static, x)
-
-
-@pytest.mark.parametrize("hd,label", SPLIT)
-def test_split_tail_lowers_for_cuda_on_table_rows(hd, label, monkeypatch):
-    """The split forms the GPU probe times (``fa3_split_probe_gpu.sh``) at the table's shortest and longest
-    non-causal rows: SMEM, layouts and the extra outputs lower for CUDA."""
-    import pathlib
-    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
-    from tune_fa3 import parse_label
-    cfg = parse_label(label, 132)
-    for S in (512, 16384):
-        x = jax.ShapeDtypeStruct((16384 // S, S, 2048 // hd, hd), jnp.bfloat16)
-        assert "custom_call" in _hlo_ops(lambda q, k, v: flash_attention_fwd(q, k, v, causal="none", config=cfg), x)
-
-
 # ---------------------------------------------------------------- lazy rescale (``lazy_rescale``, ``/l1``)
 def _rising_inputs(seed, B, T, H, S, G, d, dtype=jnp.bfloat16):
     """Normal q, v and k with k's rows scaled up along the keys (x1 at key 0 to x7 at the last): each row's
@@ -1347,30 +1227,6 @@ def test_gpu_static_masks_match_their_kend_arrays(hd, cfg, mask):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mask", STATIC_MASKS)
-@pytest.mark.parametrize("hd,label", SPLIT)
-def test_gpu_split_tail_matches_float32_reference(hd, label, mask, monkeypatch):
-    """``split_tail`` (``/t1``): the last round's items cut into pieces merged after the kernel, against
-    the float32 reference with outputs poisoned: odd lengths and GQA on 7 CTAs, and a table row's heads
-    and keys (H * d = 2048, 4k keys, one batch; the reference in row chunks, ``_reference_in_rows``) on 132
-    CTAs, where each form's last round is cut (not hd 256 causal balanced: no cut would gain)."""
-    import pathlib
-    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
-    from tune_fa3 import parse_label
-    G = 2
-    for B, T, S, H, n in ((2, 1000, 1000, G * REP[hd], 7), (3, 77, 1531, G * REP[hd], 7),
-                          (1, 1531, 700, G * REP[hd], 7), (1, 4096, 4096, 2048 // hd, 132)):
-        if mask == "top_left" and T != S:
-            continue
-        cfg = parse_label(label, n)
-        q, k, v = _inputs(hd + T + 2, B, T, H, S, G if n == 7 else H, hd, jnp.bfloat16)
-        kend = key_end(B, T, S, causal=mask)
-        _poison((B, T, H, hd), (B, H, T + 256))
-        got = flash_attention_fwd(q, k, v, causal=mask, config=cfg)
-        _check_close(q, k, v, kend, *got, tol=1e-2)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("mask", ("top_left", "bottom_right"))
 @pytest.mark.parametrize("hd", (64, 128, 256))
 def test_gpu_static_mask_attention_is_differentiable(hd, mask):
@@ -1511,16 +1367,15 @@ def test_gpu_dispatch_matches_model_reference():
 
 def test_wave_count_of_the_table_rows(monkeypatch):
     """benchmarks/fa3_waves.py: 1024 equal items on 132 SMs leave the busiest SM 8 items against a mean of
-    7.76 (hd 256 non-causal), and with ``split_tail`` the busiest CTA 15 items and two pieces (hd 128 16k);
-    the balanced order evens hd 256 causal 8k out; the grid's greedy dispatch of the longest causal tiles
+    7.76 (hd 256 non-causal) and 16 whole items at hd 128 16k; the balanced order evens hd 256 causal 8k out; the grid's greedy dispatch of the longest causal tiles
     first does too (hd 128 causal 16k)."""
     import pathlib
     monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
-    from fa3_waves import sm_loads, split_load
+    from fa3_waves import sm_loads
     n, load = sm_loads(256, 512, False, 132, 2.0)
     assert n == 1024 and load.max() / load.mean() == pytest.approx(8 / (1024 / 132))
-    n, load = sm_loads(128, 16384, False, 132, 2.0)   # split_tail: 15 whole items, then 44-45 of 86 steps + 2
-    assert split_load(128, 16384, False, 132, 2.0) == 15 * 88 + 45 + 2 * 2 and load.max() == 16 * 88
+    n, load = sm_loads(128, 16384, False, 132, 2.0)   # 2048 items of 86 steps + 2 on 132 SMs
+    assert n == 2048 and load.max() == 16 * 88
     for row in ((256, 8192, True), (128, 16384, True)):
         n, load = sm_loads(*row, 132, 2.0)
         assert load.max() / load.mean() < 1.005, row
@@ -1533,13 +1388,12 @@ def test_probe_labels_round_trip(monkeypatch):
     from tune_fa3 import label, label_fields, parse_label
     assert label_fields(["f1", "n128"]) == {"prefetch": True, "num_ctas": 128}  # fa3_configs_probe's default/f1/n128
     for text in ("128/2/G", "64/2/P+O/o0", "128/1/P/s1/a1", "128/1/B/a1", "128/2/P/c3", "64/2/B+O/s1", "128/2/P/f1",
-                 "128/2/P/m0", "64/2/P+O/s1/m0", "128/1/P/a1/p1", "192/2/P/t1", "128/1/B/a1/l1"):
+                 "128/2/P/m0", "64/2/P+O/s1/m0", "128/1/P/a1/p1", "128/1/B/a1/l1"):
         cfg = parse_label(text, 132)
         assert label(cfg) == text and parse_label(label(cfg), 132) == cfg, text
     assert parse_label("128/1/G/a1", 132).alternate_gemms and not parse_label("128/1/G", 132).alternate_gemms
     assert parse_label("128/2/P/f1", 132).prefetch and not parse_label("128/2/P", 132).prefetch
     assert not parse_label("64/2/P/m0", 132).kernel_mask and parse_label("64/2/P/n128", 132).num_ctas == 128
-    assert parse_label("128/2/P+O/t1", 132).split_tail and not parse_label("128/2/P+O", 132).split_tail
     assert parse_label("64/2/P/l1", 132).lazy_rescale and not parse_label("64/2/P", 132).lazy_rescale
     with pytest.raises(ValueError, match="not a config label"):
         parse_label("128/1/G/x1", 132)
